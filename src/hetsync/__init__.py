@@ -1,0 +1,7 @@
+"""hetsync: data-parallel training of PyTorch models on heterogeneous clusters.
+
+ESync (local steps sized to the slowest worker's step, then averaged weight deltas) and the
+schemes it is measured against, over torch.distributed.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from hetsync.cli import main
+
+raise SystemExit(main())
