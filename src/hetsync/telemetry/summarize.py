@@ -1,0 +1,342 @@
+"""The figures of a run (DESIGN.md "Definitions of the figures"), computed from its run directory.
+
+Every figure is a pure function of the records read by :mod:`hetsync.telemetry.runlog`;
+:func:`summarize` composes them into the dict written as ``summary.json``, and
+:func:`esync_summary` rewrites the records in ESync's original ``summary.py`` schema so its
+plotting tools can read a hetsync run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from hetsync.telemetry.runlog import RunLog, read_run
+
+__all__ = [
+    "DEFAULT_TARGETS",
+    "target_key",
+    "run_wall_time",
+    "worker_stats",
+    "traffic",
+    "time_to_accuracy",
+    "summarize_log",
+    "summarize",
+    "speedup",
+    "esync_device_names",
+    "esync_summary",
+    "write_summary",
+]
+
+DEFAULT_TARGETS: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9)
+
+
+def target_key(target: float) -> str:
+    """The key of ``target`` in ``time_to_accuracy``: ``str(float(target))``, e.g. ``"0.8"``."""
+    return str(float(target))
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def run_wall_time(run: Mapping[str, Any], workers: Mapping[int, Sequence[Mapping]], evals: Sequence[Mapping]) -> float:
+    """Run wall time (s): ``run.json``'s ``wall_s`` when present (the run ended normally), else
+    the latest time recorded anywhere, max over every worker record's ``t_end`` and every
+    evaluation's ``t`` (0 when nothing was recorded)."""
+    if run.get("wall_s") is not None:
+        return float(run["wall_s"])
+    ends = [float(r["t_end"]) for records in workers.values() for r in records]
+    ends += [float(e["t"]) for e in evals if e.get("t") is not None]
+    return max(ends, default=0.0)
+
+
+def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One worker's totals and ratios over its round records.
+
+    - ``rounds`` = number of records; ``local_steps``, ``samples``, ``compute_s``, ``wait_s``,
+      ``comm_s``, ``eval_s``, ``query_s``, ``bytes_sent``, ``bytes_recv`` = sums;
+    - ``wall_s`` = last ``t_end`` − first ``t_start``;
+    - ``computing_time_ratio`` = compute_s ÷ (wall_s − eval_s): evaluating is neither computing
+      nor training, so it is taken out of the worker's time;
+    - ``throughput`` = samples ÷ wall_s (samples/s);
+    - ``isolated_throughput`` = samples ÷ compute_s: the rate the worker, slowdown included,
+      would train at if it never waited or communicated.
+
+    Ratios are ``None`` when their denominator is not positive.
+    """
+    def total(key: str) -> float:
+        return float(sum(float(r.get(key) or 0.0) for r in records))
+
+    samples = int(sum(int(r["samples"]) for r in records))
+    compute_s, eval_s = total("compute_s"), total("eval_s")
+    wall = (max(float(r["t_end"]) for r in records) - min(float(r["t_start"]) for r in records)) if records else 0.0
+    return {
+        "rounds": len(records),
+        "local_steps": int(sum(int(r["local_steps"]) for r in records)),
+        "samples": samples,
+        "compute_s": compute_s,
+        "wait_s": total("wait_s"),
+        "comm_s": total("comm_s"),
+        "eval_s": eval_s,
+        "query_s": total("query_s"),
+        "bytes_sent": int(total("bytes_sent")),
+        "bytes_recv": int(total("bytes_recv")),
+        "wall_s": wall,
+        "computing_time_ratio": _ratio(compute_s, wall - eval_s),
+        "throughput": _ratio(samples, wall),
+        "isolated_throughput": _ratio(samples, compute_s),
+    }
+
+
+def traffic(
+    workers: Mapping[int, Sequence[Mapping[str, Any]]],
+    ps: Sequence[Mapping[str, Any]],
+    state_server: Mapping[str, Any] | None,
+    wall_s: float,
+) -> dict[str, Any]:
+    """Bytes sent by every process, counted at the transport.
+
+    - ``bytes_sent_total`` = Σ workers' bytes_sent + the parameter server's (last, cumulative
+      ``ps.jsonl`` record) + the state server's (``state-server.json``); ``bytes_recv_total``
+      likewise;
+    - ``traffic_Bps`` = bytes_sent_total ÷ run wall time (bytes/s);
+    - ``bytes_per_worker_round`` = Σ workers' bytes_sent ÷ Σ workers' number of rounds.
+    """
+    def last(key: str) -> int:
+        return int(ps[-1].get(key) or 0) if ps else 0
+
+    def server(key: str) -> int:
+        return int((state_server or {}).get(key) or 0)
+
+    w_sent = int(sum(float(r["bytes_sent"]) for records in workers.values() for r in records))
+    w_recv = int(sum(float(r["bytes_recv"]) for records in workers.values() for r in records))
+    rounds = sum(len(records) for records in workers.values())
+    sent = w_sent + last("bytes_sent") + server("bytes_sent")
+    return {
+        "bytes_sent_total": sent,
+        "bytes_recv_total": w_recv + last("bytes_recv") + server("bytes_recv"),
+        "bytes_sent_workers": w_sent,
+        "bytes_sent_ps": last("bytes_sent"),
+        "bytes_sent_state_server": server("bytes_sent"),
+        "state_server_requests": (state_server or {}).get("requests"),
+        "traffic_Bps": _ratio(sent, wall_s),
+        "bytes_per_worker_round": _ratio(w_sent, rounds),
+    }
+
+
+def time_to_accuracy(evals: Sequence[Mapping[str, Any]], targets: Iterable[float]) -> dict[str, float | None]:
+    """{target_key(a): ``train_time`` of the first evaluation (in training-time order) with
+    ``test_acc`` ≥ a, or ``None`` when no evaluation reached a}.
+
+    ``train_time`` excludes all time spent evaluating, so evaluating more often does not make a
+    mode look slower.
+    """
+    ordered = sorted(
+        (e for e in evals if e.get("test_acc") is not None), key=lambda e: float(e["train_time"])
+    )
+    result: dict[str, float | None] = {}
+    for a in targets:
+        hit = next((e for e in ordered if float(e["test_acc"]) >= a), None)
+        result[target_key(a)] = float(hit["train_time"]) if hit else None
+    return result
+
+
+def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
+    """The summary of one run (the content of ``summary.json``); see :func:`summarize`."""
+    run, config = log.run, log.config
+    wall = run_wall_time(run, log.workers, log.evals)
+    per_worker = []
+    for rank in sorted(log.workers):
+        info = log.rank_info(rank)
+        per_worker.append({
+            "rank": rank,
+            "host": info["host"],
+            "device": info["device"],
+            "slowdown": float(info["slowdown"]),
+            **worker_stats(log.workers[rank]),
+        })
+    samples = sum(w["samples"] for w in per_worker)
+    throughput = _ratio(samples, wall)
+    isolated = [w["isolated_throughput"] for w in per_worker if w["isolated_throughput"] is not None]
+    limit = float(sum(isolated)) if isolated else None
+    declared = [int(r["rank"]) for r in run.get("ranks") or [] if "rank" in r]
+    rounds = [int(r["round"]) for records in log.workers.values() for r in records]
+    evals = [e for e in log.evals if e.get("test_acc") is not None]
+    slowdowns = config.get("slowdowns")
+    if slowdowns is None:
+        slowdowns = [w["slowdown"] for w in per_worker]
+
+    return {
+        "run_name": run.get("run_name", log.run_dir.name),
+        "mode": log.mode,
+        "workers": run.get("workers", config.get("workers", len(per_worker))),
+        "slowdowns": [float(s) for s in slowdowns],
+        "lr": config.get("lr"),
+        "batch_size": config.get("batch_size"),
+        "network": config.get("network"),
+        "collective": config.get("collective"),
+        "complete": run.get("end_time") is not None,
+        "wall_s": wall,
+        "rounds": max(rounds, default=0),
+        "samples": samples,
+        "throughput": throughput,
+        "throughput_limit": limit,
+        "utilisation": _ratio(throughput, limit) if throughput is not None and limit else None,
+        **traffic(log.workers, log.ps, log.state_server, wall),
+        "evaluations": len(evals),
+        "time_to_accuracy": time_to_accuracy(evals, targets),
+        "final_accuracy": float(evals[-1]["test_acc"]) if evals else None,
+        "best_accuracy": max((float(e["test_acc"]) for e in evals), default=None),
+        "final_loss": (float(evals[-1]["test_loss"]) if evals and evals[-1].get("test_loss") is not None else None),
+        "missing_workers": sorted(set(declared) - set(log.workers)),
+        "per_worker": per_worker,
+    }
+
+
+def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
+    """Read ``run_dir`` and compute its figures (DESIGN.md "Definitions of the figures").
+
+    Keys: ``run_name, mode, workers, slowdowns, lr, batch_size, network, collective`` (from
+    run.json/config); ``complete`` (run.json has ``end_time``); ``wall_s`` (see
+    :func:`run_wall_time`); ``rounds`` (max round number); ``samples`` (Σ over workers);
+    ``throughput`` = samples ÷ wall_s; ``throughput_limit`` = Σ workers' isolated throughput;
+    ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
+    ``evaluations``; ``time_to_accuracy`` (:func:`time_to_accuracy`); ``final_accuracy`` and
+    ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (ranks in run.json
+    with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
+    device, slowdown`` and the keys of :func:`worker_stats`.
+    """
+    return summarize_log(read_run(run_dir), targets)
+
+
+def speedup(
+    summaries: Mapping[str, Mapping[str, Any]], baseline: str = "sync", target: float = 0.8
+) -> dict[str, float | None]:
+    """Speedup of each run over ``baseline`` at accuracy ``target``:
+    time-to-accuracy(baseline) ÷ time-to-accuracy(run).
+
+    ``summaries`` maps a name to a :func:`summarize` result (which must hold ``target`` in its
+    ``time_to_accuracy``). A run that never reached the target gets ``None``; every run gets
+    ``None`` when the baseline never reached it. Raises ``ValueError`` when ``baseline`` is not
+    one of the names or a summary was computed without ``target``.
+    """
+    if baseline not in summaries:
+        raise ValueError(f"baseline {baseline!r} is not among the runs {sorted(summaries)}")
+    key = target_key(target)
+
+    def tta(name: str) -> float | None:
+        table = summaries[name].get("time_to_accuracy") or {}
+        if key not in table:
+            raise ValueError(f"summary {name!r} has no time-to-accuracy for target {target} (has {sorted(table)})")
+        return table[key]
+
+    base = tta(baseline)
+    result: dict[str, float | None] = {}
+    for name in summaries:
+        own = tta(name)
+        result[name] = base / own if base is not None and own else None
+    return result
+
+
+# --- ESync's original summary schema -------------------------------------------------------
+
+def _esync_base_name(device: str) -> str:
+    """ESync's device directory name: ``cpu`` for a CPU, ``gpu{i}`` for ``cuda:{i}``."""
+    d = str(device).strip().lower()
+    if d.startswith("cuda") or d.startswith("gpu"):
+        index = d.split(":", 1)[1] if ":" in d else (d[3:] if d.startswith("gpu") else "")
+        return f"gpu{index or 0}"
+    if d.startswith("cpu"):
+        return "cpu"
+    return d.replace(":", "") or "device"
+
+
+def esync_device_names(ranks: Sequence[Mapping[str, Any]]) -> dict[int, tuple[str, str]]:
+    """rank → (node, device) as ESync names them: node = the rank's host; device = ``cpu`` or
+    ``gpu{i}``, made unique per host by appending ``_1``, ``_2``… to later ranks with the same
+    name (ESync ran at most one worker per device, hetsync's emulated clusters often run several
+    on one CPU)."""
+    used: dict[str, set[str]] = {}
+    names: dict[int, tuple[str, str]] = {}
+    for info in sorted(ranks, key=lambda r: int(r["rank"])):
+        host = str(info.get("host") or "localhost")
+        base = _esync_base_name(info.get("device") or "cpu")
+        taken = used.setdefault(host, set())
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        names[int(info["rank"])] = (host, name)
+    return names
+
+
+def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
+    """The run in ESync's ``summary.py`` schema ``{node: {device: {accuracy_list,
+    num_samples_list, self_iters_list, elapsed_time_list, aggregate_time_list}}}``, one list
+    entry per round, as ESync's ``summary.py`` builds from its ``iter-N.txt`` files:
+
+    - ``accuracy_list``: test accuracy rounded to 3 dp of every evaluation, on rank 0 only
+      (ESync evaluates on rank 0; the key is an empty list for the other ranks);
+    - ``num_samples_list``: samples trained in the round;
+    - ``self_iters_list``: number of entries in ESync's per-round ``time`` map: in ``esync``
+      mode local_steps + 1 (the aggregation pass is an entry), otherwise local_steps;
+    - ``elapsed_time_list``: ``int(round(t_end))``, seconds since the run started (ESync counted
+      from its logger's creation);
+    - ``aggregate_time_list``: ESync's ``global update``/``global aggregate`` time, rounded to
+      4 dp: comm_s + wait_s − query_s (blocking in the aggregation; state-server queries were
+      ESync's separate ``check ready`` entry).
+    """
+    ranks = [log.rank_info(rank) for rank in sorted(log.workers)]
+    names = esync_device_names(ranks)
+    esync_mode = log.mode == "esync"
+    out: dict[str, dict[str, dict[str, list]]] = {}
+    for rank in sorted(log.workers):
+        node, device = names[rank]
+        records = sorted(log.workers[rank], key=lambda r: (float(r["t_start"]), int(r["round"])))
+        out.setdefault(node, {})[device] = {
+            "accuracy_list": [round(float(e["test_acc"]), 3) for e in log.evals if e.get("test_acc") is not None]
+            if rank == 0 else [],
+            "num_samples_list": [int(r["samples"]) for r in records],
+            "self_iters_list": [int(r["local_steps"]) + (1 if esync_mode else 0) for r in records],
+            "elapsed_time_list": [int(round(float(r["t_end"]))) for r in records],
+            "aggregate_time_list": [
+                round(max(0.0, float(r["comm_s"]) + float(r["wait_s"]) - float(r.get("query_s") or 0.0)), 4)
+                for r in records
+            ],
+        }
+    return out
+
+
+def _finite(data: Any) -> Any:
+    """``data`` with every NaN/inf float replaced by ``None`` (a diverged run's loss), so the
+    file is strict JSON."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
+def _dump(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_finite(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_summary(
+    run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS, esync_json: bool = False
+) -> Path:
+    """Write ``{run_dir}/summary.json`` (:func:`summarize`) and, with ``esync_json``, also
+    ``{run_dir}/esync-summary.json`` (:func:`esync_summary`). Returns the summary.json path."""
+    log = read_run(run_dir)
+    path = log.run_dir / "summary.json"
+    _dump(path, summarize_log(log, targets))
+    if esync_json:
+        _dump(log.run_dir / "esync-summary.json", esync_summary(log))
+    return path
