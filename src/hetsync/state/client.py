@@ -1,0 +1,75 @@
+"""A worker's connection to the state server: one keep-alive HTTP connection, JSON in and out."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+
+from hetsync.state.policy import Decision
+
+
+class StateServerError(RuntimeError):
+    pass
+
+
+class StateClient:
+    """Talks to `hetsync state-server` at host:port; every call is bounded by `timeout` seconds."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0):
+        self.host, self.port, self.timeout = host, port, timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        for attempt in (1, 2):  # one reconnect: a keep-alive connection may have been closed
+            try:
+                if self._conn is None:
+                    self._conn = http.client.HTTPConnection(self.host, self.port,
+                                                            timeout=self.timeout)
+                self._conn.request(method, path, body=payload, headers=headers)
+                response = self._conn.getresponse()
+                data = json.loads(response.read() or b"{}")
+            except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
+                self.close()
+                if attempt == 2 or isinstance(err, socket.timeout):
+                    raise StateServerError(
+                        f"state server at {self.host}:{self.port} did not answer {method} "
+                        f"{path} ({type(err).__name__}: {err}); is `hetsync state-server` "
+                        f"running there (-ip/-port)?") from err
+                continue
+            if response.status >= 400:
+                raise StateServerError(f"state server refused {method} {path}: "
+                                       f"{data.get('error', response.status)}")
+            return data
+        raise AssertionError("unreachable")
+
+    def wait_until_up(self, deadline_s: float = 30.0) -> None:
+        end = time.monotonic() + deadline_s
+        while True:
+            try:
+                self._request("GET", "/healthz")
+                return
+            except StateServerError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.1)
+
+    def init(self, workers: int, epsilon: float) -> None:
+        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon})
+
+    def report(self, rank: int, round: int, steps: int, step_time: float,
+               device: str = "") -> Decision:
+        data = self._request("POST", "/report", {"rank": rank, "round": round, "steps": steps,
+                                                 "step_time": step_time, "device": device})
+        return Decision(int(data["steps_left"]), str(data.get("reason", "")))
+
+    def status(self) -> dict:
+        return self._request("GET", "/status")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,145 @@
+"""ESync's readiness rule, as pure functions over the state server's records.
+
+ESync (Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+Heterogeneous Clusters", IEEE TSC 2020) lets every worker run as many local steps as fit in the
+slowest worker's step. The state server keeps, per rank, the local steps `k` of this round and the
+duration `c` of its last step, and answers "may I stop?":
+
+1. `k = 0`: not ready (every worker does at least one local step per round).
+2. slowest = the rank with the largest `c` (lowest rank on a tie).
+3. The caller is the slowest, or the slowest has already stopped this round: ready.
+4. rest = c_slowest − (now − start of the slowest's current step): the time until it finishes.
+5. Ready when one more step of the caller would overrun it: `c_caller + ε > rest`.
+
+Two departures from the original, both required by DESIGN.md:
+
+- No synchronised clocks. Every time here is the *server's* clock: a step's end is the arrival
+  of its report, a round's start is estimated from the first report of the round. Workers send
+  only durations measured on their own clocks.
+- One query per round. Instead of asking before every batch, a worker asks once after its first
+  step; the answer is the number of further steps `j` after which rule 5 fires, computed
+  forward: after `j` more steps, rest_j = rest − j·c_caller, so `j` is the least j ≥ 0 with
+  `c + ε > rest − j·c`. ε = `epsilon` × c_caller scales with the step time (the original's fixed
+  0.5 s is far too coarse for a 10 ms step).
+
+In the very first round no step time is known, so every worker aggregates after one step (a
+synchronous warm-up round that measures `c`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerRecord:
+    """What the state server knows of one rank. Times are on the server's clock."""
+
+    rank: int
+    step_time: float | None = None  # c: duration of its last local step (its own clock)
+    steps: int = 0                  # k: local steps this round
+    step_started: float | None = None  # server time its current step began (estimate)
+    stopped: bool = False           # it was told to aggregate now (this round)
+    round: int = 0
+    device: str = ""
+    last_seen: float | None = None
+    queries: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to a worker: aggregate after `steps_left` more local steps (0 = now)."""
+
+    steps_left: int
+    reason: str
+
+    @property
+    def ready(self) -> bool:
+        return self.steps_left == 0
+
+
+def steps_until_overrun(step_time: float, rest: float, margin: float) -> int:
+    """Least j >= 0 with `step_time + margin > rest - j * step_time` (rule 5 run forward)."""
+    if step_time <= 0:
+        raise ValueError(f"step_time must be > 0, got {step_time}")
+    fits = (rest - margin - step_time) / step_time
+    if fits < -1e-9:  # 1e-9 absorbs float noise at exact fits
+        return 0
+    return math.floor(fits + 1e-9) + 1
+
+
+def slowest_rank(records: dict[int, WorkerRecord]) -> int | None:
+    """The rank with the largest known step time (lowest rank on a tie), or None if any is unknown."""
+    if not records or any(r.step_time is None for r in records.values()):
+        return None
+    return max(records.values(), key=lambda r: (r.step_time, -r.rank)).rank
+
+
+def decide(records: dict[int, WorkerRecord], caller: int, now: float,
+           epsilon: float) -> Decision:
+    """ESync's readiness rule for `caller`, whose record is already updated with its report."""
+    me = records[caller]
+    if me.steps < 1:
+        return Decision(1, "no local step yet this round")
+    slow = slowest_rank(records)
+    if slow is None:
+        return Decision(0, "warm-up round: step times not yet known")
+    if slow == caller:
+        return Decision(0, "caller is the slowest")
+    slowest = records[slow]
+    if slowest.stopped:
+        return Decision(0, "the slowest has already stopped")
+    started = slowest.step_started if slowest.step_started is not None else now
+    rest = slowest.step_time - (now - started)
+    j = steps_until_overrun(me.step_time, rest, epsilon * me.step_time)
+    if j == 0:
+        return Decision(0, f"one more step ({me.step_time:.4f}s) would overrun the slowest "
+                           f"(rank {slow}, {rest:.4f}s left)")
+    return Decision(j, f"{j} more step(s) fit before the slowest (rank {slow}) finishes")
+
+
+@dataclass
+class ReadinessTracker:
+    """The state server's records and round bookkeeping; the clock is passed in (testable)."""
+
+    workers: int
+    epsilon: float = 0.05
+    round: int = 0
+    round_started: float | None = None
+    records: dict[int, WorkerRecord] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.epsilon < 1:
+            raise ValueError(f"epsilon must be a fraction in [0, 1), got {self.epsilon}")
+        self.records = {r: WorkerRecord(rank=r) for r in range(self.workers)}
+
+    def report(self, rank: int, round: int, steps: int, step_time: float, now: float,
+               device: str = "") -> Decision:
+        """A worker finished `steps` local steps of `round`, the last taking `step_time` s."""
+        if not 0 <= rank < self.workers:
+            raise ValueError(f"rank {rank} out of range 0..{self.workers - 1}")
+        if round > self.round:
+            self._start_round(round, now - steps * step_time)
+        me = self.records[rank]
+        me.step_time, me.steps, me.round = step_time, steps, round
+        me.step_started, me.last_seen = now, now
+        me.device = device or me.device
+        me.queries += 1
+        if round < self.round:  # a late report of a finished round: let it catch up at once
+            return Decision(0, f"round {round} already ended (now {self.round})")
+        decision = decide(self.records, rank, now, self.epsilon)
+        me.stopped = me.stopped or decision.ready
+        return decision
+
+    def _start_round(self, round: int, started: float) -> None:
+        self.round, self.round_started = round, started
+        for r in self.records.values():
+            r.steps, r.stopped = 0, False
+            r.step_started = started  # everyone began its first step when the round began
+
+    def status(self) -> dict:
+        return {"workers": self.workers, "epsilon": self.epsilon, "round": self.round,
+                "records": [vars(r).copy() for r in self.records.values()]}

@@ -1,0 +1,94 @@
+"""ESync's readiness rule with scripted times (pure logic, no processes)."""
+
+import pytest
+
+from hetsync.state.policy import ReadinessTracker, WorkerRecord, decide, steps_until_overrun
+
+
+def test_steps_until_overrun_is_the_last_step_that_still_fits():
+    # 10 ms steps, 75 ms left, no margin: after 6 more steps 15 ms are left (one more fits:
+    # 10 < 15), after 7 more 5 ms are left and one more step would overrun.
+    assert steps_until_overrun(0.010, 0.075, 0.0) == 7
+    # exactly one step left: it fits (it ends with, not after, the slowest's step)
+    assert steps_until_overrun(0.010, 0.010, 0.0) == 1
+    assert steps_until_overrun(0.010, 0.005, 0.0) == 0
+    assert steps_until_overrun(0.010, -1.0, 0.0) == 0
+    with pytest.raises(ValueError, match="step_time"):
+        steps_until_overrun(0.0, 1.0, 0.0)
+
+
+def test_the_margin_stops_a_worker_earlier():
+    assert steps_until_overrun(0.010, 0.075, 0.0) == 7
+    assert steps_until_overrun(0.010, 0.075, 0.006) == 6
+
+
+def test_first_round_is_a_warm_up_where_everyone_stops_after_one_step():
+    t = ReadinessTracker(workers=3, epsilon=0.0)
+    assert t.report(0, round=1, steps=1, step_time=0.01, now=0.01).ready
+    assert t.report(1, round=1, steps=1, step_time=0.02, now=0.02).ready
+    assert t.report(2, round=1, steps=1, step_time=0.08, now=0.08).ready
+
+
+def _warm(t: ReadinessTracker, times):
+    for r, c in enumerate(times):
+        t.report(r, round=1, steps=1, step_time=c, now=c)
+
+
+def test_slowest_stops_after_one_step_and_fast_ones_fill_its_step():
+    t = ReadinessTracker(workers=4, epsilon=0.0)
+    _warm(t, [0.010, 0.020, 0.040, 0.080])
+    start = 1.0  # round 2 begins for everyone at server time 1.0
+    # The fastest reports after its first step: 70 ms of the slowest's 80 ms are left.
+    d0 = t.report(0, round=2, steps=1, step_time=0.010, now=start + 0.010)
+    assert d0.steps_left == 7  # 1 + 7 = 8 steps of 10 ms fill the slowest's 80 ms
+    d1 = t.report(1, round=2, steps=1, step_time=0.020, now=start + 0.020)
+    assert d1.steps_left == 3  # 1 + 3 = 4 steps of 20 ms
+    d2 = t.report(2, round=2, steps=1, step_time=0.040, now=start + 0.040)
+    assert d2.steps_left == 1  # 1 + 1 = 2 steps of 40 ms
+    # With a margin of 5 % of its step, the fastest stops one step early at an exact fit.
+    t.epsilon = 0.05
+    assert t.report(0, round=3, steps=1, step_time=0.010, now=2.010).steps_left == 6
+    d3 = t.report(3, round=2, steps=1, step_time=0.080, now=start + 0.080)
+    assert d3.ready and "slowest" in d3.reason
+
+
+def test_anyone_asking_after_the_slowest_stopped_stops_at_once():
+    t = ReadinessTracker(workers=2, epsilon=0.0)
+    _warm(t, [0.010, 0.080])
+    assert t.report(1, round=2, steps=1, step_time=0.080, now=1.08).ready
+    # A late report of the fast one (it was busy): the slowest already stopped.
+    assert t.report(0, round=2, steps=1, step_time=0.010, now=1.09).ready
+
+
+def test_k_at_least_one_step():
+    records = {0: WorkerRecord(0, step_time=0.01, steps=0), 1: WorkerRecord(1, step_time=0.02)}
+    assert decide(records, 0, now=0.0, epsilon=0.0).steps_left == 1
+
+
+def test_the_slowest_is_found_from_its_step_time_not_its_rank():
+    t = ReadinessTracker(workers=3, epsilon=0.0)
+    _warm(t, [0.090, 0.010, 0.030])
+    assert t.report(0, round=2, steps=1, step_time=0.090, now=2.09).ready  # rank 0 is slowest
+    t2 = ReadinessTracker(workers=3, epsilon=0.0)
+    _warm(t2, [0.090, 0.010, 0.030])
+    d = t2.report(1, round=2, steps=1, step_time=0.010, now=2.01)
+    assert d.steps_left == 8  # 80 ms left of rank 0's 90 ms step: 8 more 10 ms steps fit
+
+
+def test_no_clock_from_workers_is_used():
+    # Same durations, server clock shifted by an hour: same answers.
+    a, b = ReadinessTracker(2, 0.0), ReadinessTracker(2, 0.0)
+    _warm(a, [0.01, 0.05])
+    for r, c in enumerate([0.01, 0.05]):
+        b.report(r, round=1, steps=1, step_time=c, now=3600 + c)
+    assert (a.report(0, 2, 1, 0.01, now=10.01).steps_left
+            == b.report(0, 2, 1, 0.01, now=3610.01).steps_left)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="workers"):
+        ReadinessTracker(workers=0)
+    with pytest.raises(ValueError, match="epsilon"):
+        ReadinessTracker(workers=2, epsilon=1.5)
+    with pytest.raises(ValueError, match="rank 5"):
+        ReadinessTracker(workers=2).report(5, 1, 1, 0.1, now=0.0)
