@@ -1,0 +1,129 @@
+"""Partitioners: split sample indices among workers (pure functions, seeded).
+
+Every partitioner returns ``num_workers`` sorted int64 index arrays that are pairwise
+disjoint (a sample belongs to at most one worker). They are pure: the same arguments give the
+same result on every machine (``numpy.random.default_rng(seed)``), so each worker can compute
+the whole partition itself and take its own shard, with no communication.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Sequence, Union
+
+import numpy as np
+import torch
+
+__all__ = ["PARTITIONS", "iid_partition", "class_partition", "dirichlet_partition", "partition"]
+
+#: The kinds :func:`partition` accepts.
+PARTITIONS = ("iid", "class", "dirichlet")
+
+Labels = Union[np.ndarray, torch.Tensor, Sequence[int]]
+
+
+def _check_workers(num_workers: int, num_samples: int) -> int:
+    try:
+        p = operator.index(num_workers)
+    except TypeError:
+        raise ValueError(f"num_workers must be an integer, got {num_workers!r}") from None
+    if p < 1:
+        raise ValueError(f"num_workers must be at least 1, got {p}")
+    if p > num_samples:
+        raise ValueError(f"num_workers={p} is more than the {num_samples} samples to share; each worker needs at least one")
+    return p
+
+
+def _labels(labels: Labels) -> np.ndarray:
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got dtype {arr.dtype}")
+    return arr
+
+
+def iid_partition(num_samples: int, num_workers: int, seed: int) -> list[np.ndarray]:
+    """Random equal shards: shuffle ``range(num_samples)`` with ``seed`` and cut it into
+    ``num_workers`` shards of ⌊N/P⌋ samples; the N mod P left over are dropped.
+
+    ESync gives rank r the contiguous block [r·⌊N/P⌋, (r+1)·⌊N/P⌋) of the file order and
+    also drops the remainder; hetsync draws the shards at random instead, so the split does
+    not rely on the file being shuffled already (same shard sizes, same drop).
+    """
+    n = operator.index(num_samples)
+    if n < 0:
+        raise ValueError(f"num_samples must be non-negative, got {n}")
+    p = _check_workers(num_workers, n)
+    perm = np.random.default_rng(seed).permutation(n)
+    size = n // p
+    return [np.sort(perm[r * size : (r + 1) * size]).astype(np.int64) for r in range(p)]
+
+
+def class_partition(labels: Labels, num_workers: int) -> list[np.ndarray]:
+    """ESync's non-iid split (``-s 1``): sort the indices by class (stable, so within a class
+    the file order is kept), then cut into ``num_workers`` contiguous blocks of ⌊N/P⌋; the
+    N mod P left over (the tail of the highest class) are dropped.
+
+    Each worker therefore sees a contiguous range of classes (about 10/P of them). There is no
+    randomness. ESync also iterates these blocks in fixed order without shuffling; that is the
+    sampler's ``shuffle=False``, chosen by the caller.
+    """
+    y = _labels(labels)
+    n = len(y)
+    p = _check_workers(num_workers, n)
+    order = np.argsort(y, kind="stable").astype(np.int64)
+    size = n // p
+    return [np.sort(order[r * size : (r + 1) * size]) for r in range(p)]
+
+
+def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: int) -> list[np.ndarray]:
+    """Label-skewed split: for each class, draw worker proportions q ~ Dirichlet(α·1_P) and
+    give each worker that share of the class's (shuffled) samples.
+
+    Guarantees: every sample is assigned to exactly one worker (nothing dropped), and no
+    worker is empty. Small α (e.g. 0.1) gives each worker few classes; large α (e.g. 100)
+    approaches the iid split. Not in ESync (its only non-iid mode is ``-s 1``).
+
+    Empty workers are repaired deterministically rather than by resampling (which can loop
+    for a long time when α is small and P large): while some worker is empty, it receives one
+    random sample moved from the currently largest worker. This needs N ≥ P, which is checked.
+    """
+    y = _labels(labels)
+    n = len(y)
+    p = _check_workers(num_workers, n)
+    a = float(alpha)
+    if not a > 0 or not np.isfinite(a):
+        raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
+    rng = np.random.default_rng(seed)
+    shards: list[list[np.ndarray]] = [[] for _ in range(p)]
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        q = rng.dirichlet(np.full(p, a))
+        cuts = np.round(np.cumsum(q)[:-1] * len(idx)).astype(np.int64)
+        for r, part in enumerate(np.split(idx, cuts)):
+            shards[r].append(part)
+    out = [np.concatenate(s).astype(np.int64) if s else np.empty(0, np.int64) for s in shards]
+    for r in range(p):
+        if len(out[r]) == 0:
+            donor = max(range(p), key=lambda i: len(out[i]))
+            k = int(rng.integers(len(out[donor])))
+            out[r] = out[donor][k : k + 1].copy()
+            out[donor] = np.delete(out[donor], k)
+    return [np.sort(s) for s in out]
+
+
+def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5) -> list[np.ndarray]:
+    """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` over ``len(labels)`` samples,
+    ``"class"`` → :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition`
+    with ``alpha``."""
+    if kind == "iid":
+        return iid_partition(len(_labels(labels)), num_workers, seed)
+    if kind == "class":
+        return class_partition(labels, num_workers)
+    if kind == "dirichlet":
+        return dirichlet_partition(labels, num_workers, alpha, seed)
+    raise ValueError(f"unknown partition kind {kind!r}; expected one of {', '.join(PARTITIONS)}")
