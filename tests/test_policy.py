@@ -2,7 +2,8 @@
 
 import pytest
 
-from hetsync.state.policy import ReadinessTracker, WorkerRecord, decide, steps_until_overrun
+from hetsync.state.policy import (ReadinessTracker, WorkerRecord, decide, steps_until_overrun,
+                                  would_overrun)
 
 
 def test_steps_until_overrun_is_the_last_step_that_still_fits():
@@ -92,3 +93,15 @@ def test_bad_arguments_are_named():
         ReadinessTracker(workers=2, epsilon=1.5)
     with pytest.raises(ValueError, match="rank 5"):
         ReadinessTracker(workers=2).report(5, 1, 1, 0.1, now=0.0)
+
+
+def test_the_answer_carries_the_slowests_remaining_time_for_the_worker_to_recheck():
+    t = ReadinessTracker(workers=2, epsilon=0.05)
+    _warm(t, [0.010, 0.080])
+    d = t.report(0, round=2, steps=1, step_time=0.010, now=1.010)
+    assert d.time_left == pytest.approx(0.070) and d.epsilon == 0.05
+    # The worker re-applies rule 5 on its own clock: steps fit until less than c·(1+ε) is left.
+    assert not would_overrun(0.010, 0.0106, 0.05)
+    assert would_overrun(0.010, 0.0104, 0.05)
+    # A step that became slower (a busy machine) stops it earlier than the first forecast.
+    assert would_overrun(0.030, 0.025, 0.05)

@@ -64,7 +64,10 @@ class StateClient:
                device: str = "") -> Decision:
         data = self._request("POST", "/report", {"rank": rank, "round": round, "steps": steps,
                                                  "step_time": step_time, "device": device})
-        return Decision(int(data["steps_left"]), str(data.get("reason", "")))
+        time_left = data.get("time_left")
+        return Decision(int(data["steps_left"]), str(data.get("reason", "")),
+                        None if time_left is None else float(time_left),
+                        float(data.get("epsilon", 0.0)))
 
     def status(self) -> dict:
         return self._request("GET", "/status")

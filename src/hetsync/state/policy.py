@@ -17,10 +17,13 @@ Two departures from the original, both required by DESIGN.md:
   of its report, a round's start is estimated from the first report of the round. Workers send
   only durations measured on their own clocks.
 - One query per round. Instead of asking before every batch, a worker asks once after its first
-  step; the answer is the number of further steps `j` after which rule 5 fires, computed
-  forward: after `j` more steps, rest_j = rest − j·c_caller, so `j` is the least j ≥ 0 with
-  `c + ε > rest − j·c`. ε = `epsilon` × c_caller scales with the step time (the original's fixed
-  0.5 s is far too coarse for a 10 ms step).
+  step. The answer carries `rest` (`time_left`) and the number of further steps `j` after which
+  rule 5 fires if step times stay as they are: after `j` more steps rest_j = rest − j·c_caller,
+  so `j` is the least j ≥ 0 with `c + ε > rest − j·c`. The worker then applies rule 5 itself
+  before each further step, with its own latest step duration and the time elapsed since the
+  answer, both measured on its own clock — so a step that slows down mid-round (a busy machine)
+  does not make it overrun. ε = `epsilon` × c_caller scales with the step time (the original's
+  fixed 0.5 s is far too coarse for a 10 ms step).
 
 In the very first round no step time is known, so every worker aggregates after one step (a
 synchronous warm-up round that measures `c`).
@@ -49,14 +52,22 @@ class WorkerRecord:
 
 @dataclass(frozen=True)
 class Decision:
-    """The answer to a worker: aggregate after `steps_left` more local steps (0 = now)."""
+    """The answer to a worker: aggregate after `steps_left` more local steps (0 = now);
+    `time_left` is the slowest's remaining time, from which the worker re-applies rule 5."""
 
     steps_left: int
     reason: str
+    time_left: float | None = None
+    epsilon: float = 0.0
 
     @property
     def ready(self) -> bool:
         return self.steps_left == 0
+
+
+def would_overrun(step_time: float, rest: float, epsilon: float) -> bool:
+    """Rule 5: one more step of `step_time` plus the margin ε·step_time ends after `rest`."""
+    return step_time * (1 + epsilon) > rest
 
 
 def steps_until_overrun(step_time: float, rest: float, margin: float) -> int:
@@ -81,7 +92,7 @@ def decide(records: dict[int, WorkerRecord], caller: int, now: float,
     """ESync's readiness rule for `caller`, whose record is already updated with its report."""
     me = records[caller]
     if me.steps < 1:
-        return Decision(1, "no local step yet this round")
+        return Decision(1, "no local step yet this round", None)
     slow = slowest_rank(records)
     if slow is None:
         return Decision(0, "warm-up round: step times not yet known")
@@ -96,7 +107,7 @@ def decide(records: dict[int, WorkerRecord], caller: int, now: float,
     if j == 0:
         return Decision(0, f"one more step ({me.step_time:.4f}s) would overrun the slowest "
                            f"(rank {slow}, {rest:.4f}s left)")
-    return Decision(j, f"{j} more step(s) fit before the slowest (rank {slow}) finishes")
+    return Decision(j, f"{j} more step(s) fit before the slowest (rank {slow}) finishes", rest, epsilon)
 
 
 @dataclass

@@ -4,8 +4,8 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
 - `POST /init`   `{"workers": N, "epsilon": 0.05}` → `{"ok": true}`; starts afresh.
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?}` →
-  `{"ready": bool, "steps_left": int, "reason": str}`: ESync's `/apply/`, answered once per round
-  (see `policy.py`).
+  `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float,
+  "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`).
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
   that refreshes itself; `GET /healthz` → `{"ok": true}`.
 
@@ -108,6 +108,7 @@ def create_app(workers: int, epsilon: float = 0.05, clock=time.monotonic) -> Fla
                 raise BadRequest(f"rank {rank} out of range 0..{tracker.workers - 1}")
             decision = tracker.report(rank, rnd, steps, step_time, clock(), device[:64])
         return jsonify(ready=decision.ready, steps_left=decision.steps_left,
+                       time_left=decision.time_left, epsilon=tracker.epsilon,
                        reason=decision.reason)
 
     @app.get("/healthz")

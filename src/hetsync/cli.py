@@ -1,0 +1,188 @@
+"""The `hetsync` command: launch, worker, state-server, summarize, plot, bench, models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import hetsync
+from hetsync.config import Config, ConfigError, add_config_arguments, config_from_args
+
+#: `hetsync launch` with no arguments: ESync on 4 emulated workers of speeds 1, 1/2, 1/4, 1/8
+#: (about 1.9 cores of work: it fits a 2-core machine), LeNet, real Fashion-MNIST.
+LAUNCH_DEFAULTS = Config(mode="esync", workers=4, slowdowns=(1.0, 2.0, 4.0, 8.0),
+                         epochs=None, time_budget=90.0)
+WORKER_DEFAULTS = Config(mode="local", workers=1)
+
+
+def _progress_printer(stream=sys.stdout):
+    def show(round_, train_time, samples_seen, result):
+        rate = samples_seen / train_time if train_time > 0 else 0.0
+        print(f"round {round_:7d} | train {train_time:7.1f} s | {samples_seen:9d} samples "
+              f"({rate:6.0f}/s) | test acc {result.test_acc:.4f} loss {result.test_loss:.4f}",
+              file=stream, flush=True)
+    return show
+
+
+def cmd_launch(args) -> int:
+    from hetsync.runtime.launcher import launch
+
+    cfg = config_from_args(args, LAUNCH_DEFAULTS)
+    launch(cfg, show_progress=not args.quiet, figures=not args.no_figures)
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from hetsync.runtime.worker import run_process
+
+    base = Config.load(args.config) if args.config else WORKER_DEFAULTS
+    cfg = config_from_args(args, base)
+    run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer())
+    if args.run_dir is None and cfg.workers == 1:  # a standalone run: summarise it too
+        from hetsync.runtime.launcher import finish_run
+
+        finish_run(run_dir, figures=not args.no_figures)
+    return 0
+
+
+def cmd_state_server(args) -> int:
+    from hetsync.state import StateServer
+
+    server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port)
+    print(f"hetsync state server on http://{server.host}:{server.port}/ "
+          f"({args.workers} workers, epsilon {args.epsilon})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_summarize(args) -> int:
+    from hetsync.telemetry.report import print_summary
+    from hetsync.telemetry.summarize import summarize, write_summary
+
+    for run_dir in args.run_dirs:
+        path = write_summary(run_dir, targets=tuple(args.targets), esync_json=args.esync_json)
+        print_summary(summarize(run_dir, targets=tuple(args.targets)))
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from hetsync.telemetry.plots import plot_runs
+
+    paths = plot_runs(args.run_dirs, args.output, sequential=args.sequential, target=args.target)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.what == "comm":
+        from hetsync.bench.comm import main as comm_main
+
+        return comm_main(args.rest) or 0
+    from hetsync.bench.modes import main as modes_main
+
+    return modes_main(args.rest) or 0
+
+
+def cmd_models(args) -> int:
+    import torch
+
+    from hetsync.models import MODEL_NAMES, build_model, count_parameters
+
+    print(f"{'model':<14} {'params (1x28x28)':>17} {'params (3x32x32)':>17}")
+    for name in MODEL_NAMES:
+        counts = []
+        for shape in ((1, 28, 28), (3, 32, 32)):
+            torch.manual_seed(0)
+            counts.append(count_parameters(build_model(name, shape, 10)))
+        print(f"{name:<14} {counts[0]:>17,} {counts[1]:>17,}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetsync", description="Data-parallel training on heterogeneous clusters: "
+        "ESync and the schemes it is measured against.")
+    parser.add_argument("--version", action="version", version=f"hetsync {hetsync.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("launch", help="run a whole cluster on this machine (the main job)",
+                       description="Start the state server, the parameter server if the mode "
+                       "needs one, and N workers on this machine; show progress; summarise.")
+    add_config_arguments(p, LAUNCH_DEFAULTS)
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
+                       description="One process of a run. Reads RANK, WORLD_SIZE, MASTER_ADDR "
+                       "and MASTER_PORT (torchrun's environment); alone it trains -m local.")
+    add_config_arguments(p, WORKER_DEFAULTS)
+    p.add_argument("--config", help="a config.json to start from (flags given override it)")
+    p.add_argument("--run-dir", help="write into this run directory (default: LOG_DIR/RUN_NAME)")
+    p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    p.add_argument("--port", "-port", type=int, default=10010)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--epsilon", type=float, default=0.05,
+                   help="readiness margin as a fraction of the caller's step time")
+    p.set_defaults(func=cmd_state_server)
+
+    p = sub.add_parser("summarize", help="compute a run's figures into summary.json")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--targets", type=float, nargs="+", default=[0.7, 0.8, 0.85, 0.9])
+    p.add_argument("--esync-json", action="store_true",
+                   help="also write ESync's original summary schema")
+    p.set_defaults(func=cmd_summarize)
+
+    p = sub.add_parser("plot", help="draw the figures comparing runs")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("-o", "--output", required=True, help="directory for the PNGs")
+    p.add_argument("--sequential", help="a -m local run, drawn dashed as sequential SGD")
+    p.add_argument("--target", type=float, default=0.8, help="accuracy for the speedup figure")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("bench", help="compare modes side by side (or `bench comm`)",
+                       add_help=False)
+    p.add_argument("what", nargs="?", choices=("modes", "comm"), default="modes")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("models", help="list the model zoo")
+    p.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hetsync.data import DataFormatError, DataNotFoundError
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"] and any(a in ("-h", "--help") for a in argv[1:2]):
+        argv = ["bench", "modes", "--help"]
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataNotFoundError, DataFormatError) as err:
+        print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # known failures of a run: say what, not where
+        from hetsync.runtime.launcher import LaunchError
+        from hetsync.state import StateServerError
+
+        if isinstance(err, (LaunchError, StateServerError, FileNotFoundError)):
+            print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""Cluster-wide decisions every worker must agree on: how many samples all have trained, whether
+to evaluate now, whether to stop.
+
+Rank 0 proposes (it knows the time budget, the epoch budget and the last test accuracy); the
+others follow. In collective modes the three numbers ride in the aggregation buffer itself, so
+every worker learns them in the same round at no extra message (`CollectiveControl`). In
+asynchronous modes there is no common round, so they go through the process group's key-value
+store (`StoreControl`): one atomic add per round for the sample count, one read of the stop key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Proposal:
+    samples: int      # samples this worker trained since the last round
+    evaluate: bool    # rank 0 wants to evaluate after this round
+    stop: bool        # rank 0 wants to stop after this round
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop)])
+
+
+@dataclass(frozen=True)
+class Agreement:
+    samples_seen: int  # by all workers, since the start
+    evaluate: bool     # evaluate now (collective modes: every worker pauses for it)
+    stop: bool
+
+
+class CollectiveControl:
+    """The control vector was summed with the model traffic: read the agreement off it."""
+
+    def __init__(self) -> None:
+        self.samples_seen = 0
+
+    def agree(self, summed: torch.Tensor) -> Agreement:
+        self.samples_seen += int(round(float(summed[0])))
+        return Agreement(self.samples_seen, bool(summed[1] > 0), bool(summed[2] > 0))
+
+
+class LocalControl:
+    """One worker: its proposal is the agreement."""
+
+    def __init__(self) -> None:
+        self.samples_seen = 0
+
+    def exchange(self, proposal: Proposal) -> Agreement:
+        self.samples_seen += proposal.samples
+        return Agreement(self.samples_seen, proposal.evaluate, proposal.stop)
+
+
+class StoreControl:
+    """Asynchronous modes: agreement through the torch.distributed store (no common round)."""
+
+    SAMPLES, STOP = "hetsync/samples", "hetsync/stop"
+
+    def __init__(self, store, rank: int):
+        self.store, self.rank = store, rank
+
+    def exchange(self, proposal: Proposal) -> Agreement:
+        seen = int(self.store.add(self.SAMPLES, proposal.samples))
+        if proposal.stop:
+            self.store.add(self.STOP, 1)
+            stop = True
+        else:
+            stop = int(self.store.add(self.STOP, 0)) > 0
+        # Rank 0 evaluates alone: the others keep training (no round to pause at).
+        return Agreement(seen, proposal.evaluate and self.rank == 0, stop)

@@ -1,0 +1,218 @@
+"""`hetsync launch`: a whole cluster on this machine.
+
+Starts the state server (esync), then one `hetsync worker` process per rank (the last one is the
+parameter server when the run needs one), shows one progress line for the cluster, and stops every
+child on Ctrl-C or as soon as one of them fails (its log's last lines are shown). At the end it
+summarises the run directory, draws the figures and prints the summary table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hetsync.config import Config, ConfigError
+from hetsync.runtime.worker import default_run_name
+from hetsync.telemetry.progress import ClusterProgress
+from hetsync.telemetry.recorder import write_json_atomic
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+class Cluster:
+    """The child processes of one local run."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.state_port: int | None = None
+
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "hetsync", *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                start_new_session=True)
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_state_server(self) -> int:
+        from hetsync.state import StateClient
+
+        host, port = self.cfg.state_ip, self.cfg.state_port
+        if not _port_free(host, port):
+            port = free_port(host)  # another run holds the default port: take any free one
+        self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
+                                     "--workers", str(self.cfg.workers),
+                                     "--epsilon", str(self.cfg.epsilon)])
+        client = StateClient(host, port, timeout=5)
+        try:
+            client.wait_until_up(deadline_s=30)
+        except Exception as err:
+            raise LaunchError(f"the state server did not start:\n"
+                              f"{_tail(self.logs / 'state-server.log')}") from err
+        finally:
+            client.close()
+        self.state_port = port
+        return port
+
+    def state_server_stats(self) -> dict | None:
+        from hetsync.state import StateClient
+
+        if self.state_port is None:
+            return None
+        client = StateClient(self.cfg.state_ip, self.state_port, timeout=5)
+        try:
+            status = client.status()
+        except Exception:
+            return None
+        finally:
+            client.close()
+        return {k: status[k] for k in ("bytes_sent", "bytes_recv", "requests")}
+
+    def start_ranks(self, config_path: Path) -> None:
+        master_port = free_port()
+        world = self.cfg.world_size
+        for rank in range(world):
+            name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
+            args = ["worker", "--config", str(config_path), "--run-dir", str(self.run_dir)]
+            if self.state_port is not None:
+                args += ["-port", str(self.state_port)]
+            self._spawn(name, args, env={
+                "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
+
+    def ranks(self) -> dict[str, subprocess.Popen]:
+        return {k: p for k, p in self.procs.items() if k != "state-server"}
+
+    def failed(self) -> tuple[str, int] | None:
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code not in (None, 0):
+                return name, code
+        return None
+
+    def done(self) -> bool:
+        return all(p.poll() == 0 for p in self.ranks().values())
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every child still running, SIGKILL what is left after `grace` seconds."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+
+def prepare_run_dir(cfg: Config) -> tuple[Config, Path]:
+    name = cfg.run_name or default_run_name(cfg)
+    run_dir = Path(cfg.log_dir) / name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"--run-name {name}: {run_dir} already exists and is not empty; "
+                          f"choose another name or remove it")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(cfg, run_name=name), run_dir
+
+
+def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
+           stream=sys.stdout) -> Path:
+    """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure."""
+    cfg.validate()
+    cfg, run_dir = prepare_run_dir(cfg)
+    cfg.save(run_dir / "config.json")
+    cluster = Cluster(cfg, run_dir)
+    progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
+    interrupted = False
+    try:
+        if cfg.effective_mode == "esync":
+            cluster.start_state_server()
+        cluster.start_ranks(run_dir / "config.json")
+        while True:
+            failure = cluster.failed()
+            if failure is not None:
+                name, code = failure
+                progress.close()
+                cluster.stop()
+                raise LaunchError(f"{name} exited with code {code}; the others were stopped. "
+                                  f"Its log ({cluster.logs / (name + '.log')}) ends with:\n"
+                                  f"{_tail(cluster.logs / (name + '.log'))}")
+            if cluster.done():
+                break
+            progress.update()
+            time.sleep(0.5)
+        progress.update(final=True)
+        stats = cluster.state_server_stats()
+        if stats is not None:
+            write_json_atomic(run_dir / "state-server.json", stats)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping every process of the run", file=stream)
+    finally:
+        progress.close()
+        cluster.stop()
+    if interrupted:
+        raise KeyboardInterrupt
+    finish_run(run_dir, figures=figures, stream=stream)
+    return run_dir
+
+
+def finish_run(run_dir: Path, *, figures: bool = True, stream=sys.stdout) -> dict:
+    """Summarise a finished run, draw its figures and print the table."""
+    from hetsync.telemetry.report import print_summary
+    from hetsync.telemetry.summarize import write_summary
+
+    path = write_summary(run_dir)
+    summary = json.loads(Path(path).read_text())
+    if figures:
+        from hetsync.telemetry.plots import plot_run
+
+        plot_run(run_dir, run_dir / "figures")
+    print_summary(summary, stream=stream)
+    if figures:
+        print(f"figures: {run_dir / 'figures'}", file=stream)
+    return summary

@@ -1,0 +1,192 @@
+"""One hetsync process: a worker, or the parameter server when the run needs one.
+
+Reads torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same command
+serves `hetsync launch` on one machine and `torchrun` on many. With a parameter server the last
+rank is the server and ranks 0..workers-1 are the workers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import hetsync
+from hetsync.algorithms import CommContext, build_algorithm, build_server_rule
+from hetsync.algorithms.base import flatten
+from hetsync.config import Config, ConfigError
+from hetsync.runtime.control import LocalControl, StoreControl
+from hetsync.runtime.handshake import broadcast_text, gather_texts
+from hetsync.runtime.training import TrainingLoop
+from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def pick_device(cfg: Config, local_rank: int = 0) -> torch.device:
+    """CPU unless -g names a GPU (and -c does not force the CPU)."""
+    if cfg.cpu or cfg.gpu < 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"-g/--gpu {cfg.gpu}: no CUDA device is available here; "
+                          f"use -g -1 (CPU) or -c 1")
+    index = cfg.gpu + (local_rank if os.environ.get("HETSYNC_GPU_PER_LOCAL_RANK") else 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"-g/--gpu {cfg.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def device_label(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"gpu{device.index}"
+
+
+def default_run_name(cfg: Config) -> str:
+    return f"{cfg.effective_mode}-{cfg.network}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None) -> Path:
+    """Run this process's part of the run (worker or parameter server); returns the run dir."""
+    cfg.validate()
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if world != cfg.world_size:
+        need = (f"{cfg.workers} workers + 1 parameter server" if cfg.needs_ps
+                else f"{cfg.workers} workers")
+        raise ConfigError(f"WORLD_SIZE={world} but this run needs {cfg.world_size} processes "
+                          f"({need}); set --workers or the number of processes to match")
+    torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg, _env_int("LOCAL_RANK", 0))
+    timeout = datetime.timedelta(seconds=cfg.timeout)
+    if world > 1:
+        backend = "nccl" if device.type == "cuda" and os.environ.get(
+            "HETSYNC_BACKEND", "gloo") == "nccl" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    try:
+        return _run(cfg, rank, world, device, run_dir, progress)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress) -> Path:
+    from hetsync.comm import set_default_timeout
+    from hetsync.data import ShardSampler, load_dataset, partition
+    from hetsync.models import build_model
+
+    set_default_timeout(cfg.timeout)
+    name = broadcast_text(cfg.run_name or default_run_name(cfg))
+    run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    is_server = cfg.needs_ps and rank == world - 1
+    me = {"rank": rank, "host": socket.gethostname(),
+          "device": "ps" if is_server else device_label(device),
+          "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
+          "role": "parameter-server" if is_server else "worker"}
+    ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
+    # Every rank makes its worker group, the server too (new_group is collective).
+    group = dist.new_group(list(range(cfg.workers))) if world > 1 else None
+
+    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same initial model in every process
+    model = build_model(cfg.network, data.input_shape, data.num_classes).to(device)
+
+    if is_server:
+        _serve_parameters(cfg, model, run_dir)
+        return run_dir
+
+    shards = partition(cfg.effective_partition, data.train.labels.numpy(), cfg.workers,
+                       cfg.seed, alpha=cfg.dirichlet_alpha)
+    batches = ShardSampler(shards[rank], cfg.batch_size, seed=cfg.seed * 1000 + rank)
+    lr = cfg.effective_local_lr if cfg.effective_mode == "esync" else cfg.lr
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+    comm = CommContext(rank=rank, workers=cfg.workers, group=group,
+                       collective=cfg.collective, timeout=cfg.timeout,
+                       comm_device=None if device.type == "cpu" or dist.get_backend() == "nccl"
+                       else torch.device("cpu"))
+    state_client = None
+    if cfg.needs_ps:
+        from hetsync.comm import PSClient
+
+        comm.ps_client = PSClient(world - 1)
+        if cfg.collective == "ps":
+            from hetsync.comm import connect
+            connect(comm.ps_client)
+    if cfg.effective_mode == "esync":
+        from hetsync.state import StateClient
+
+        state_client = StateClient(cfg.state_ip, cfg.state_port, timeout=cfg.timeout)
+        state_client.wait_until_up(deadline_s=min(cfg.timeout, 60.0))
+        if rank == 0:
+            state_client.init(cfg.workers, cfg.epsilon)
+    algo = build_algorithm(cfg.effective_mode, model, optimizer, comm,
+                           state_client=state_client, global_lr=cfg.global_lr,
+                           server_lr=cfg.lr, device_name=device_label(device))
+    algo.setup()
+
+    control = None
+    if not algo.collective_control:
+        control = (StoreControl(dist.distributed_c10d._get_default_store(), rank)
+                   if world > 1 else LocalControl())
+    eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
+    with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
+        loop = TrainingLoop(cfg, algo, rank=rank, batches=batches, train_set=data.train,
+                            test_set=data.test, device=device, recorder=recorder,
+                            eval_recorder=eval_recorder, control=control,
+                            barrier=comm.wait_for_peers, progress=progress,
+                            device_name=device_label(device))
+        loop.evaluate_initial(0.0)
+        if world > 1:
+            dist.barrier()  # everyone starts the clock together (no synchronised clocks needed)
+        t0 = time.perf_counter()
+        start_time = time.time()
+        if rank == 0:
+            write_json_atomic(run_dir / "run.json", _run_info(cfg, name, world, ranks,
+                                                              start_time))
+        state = loop.run(t0)
+        if rank == 0:
+            wall = time.perf_counter() - t0
+            write_json_atomic(run_dir / "run.json", _run_info(
+                cfg, name, world, ranks, start_time, end_time=start_time + wall, wall_s=wall,
+                train_time=state.train_time(time.perf_counter())))
+    if eval_recorder is not None:
+        eval_recorder.close()
+    if state_client is not None:
+        state_client.close()
+    return run_dir
+
+
+def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:
+    """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
+    from hetsync.comm import ParameterServer, meter
+
+    weights = flatten([p for p in model.parameters() if p.requires_grad]).float().cpu()
+    rule = (build_server_rule(cfg.effective_mode, weights, cfg.lr, cfg.dcasgd_lambda)
+            if cfg.effective_mode in ("async", "dcasgd") else None)
+    server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout)
+    start = time.perf_counter()
+    server.serve()
+    sent, recv = meter.totals()
+    with JsonlWriter(run_dir / "ps.jsonl") as out:
+        out.write({"t": time.perf_counter() - start, "bytes_sent": sent, "bytes_recv": recv})
+
+
+def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
+              **extra) -> dict:
+    return {"run_name": name, "mode": cfg.effective_mode, "config": cfg.to_dict(),
+            "hetsync_version": hetsync.__version__, "torch_version": torch.__version__,
+            "python": sys.version.split()[0], "start_time": start_time, "world_size": world,
+            "workers": cfg.workers, "ranks": ranks, **extra}

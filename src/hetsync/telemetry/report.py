@@ -1,0 +1,63 @@
+"""Tables printed for people: one run's summary, and the comparison of several runs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Mapping, Sequence
+
+
+def _num(value: Any, fmt: str, missing: str = "—") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(headers), line("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
+    s = summary
+    slow = ",".join(f"{x:g}" for x in s.get("slowdowns") or [])
+    print(f"\nrun {s['run_name']}: {s['mode']}, {s['workers']} worker(s)"
+          + (f", slowdowns {slow}" if slow else "")
+          + f", {s.get('network')}, collective {s.get('collective')}, lr {s.get('lr')}",
+          file=stream)
+    tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_accuracy"].items())
+    print(f"wall {s['wall_s']:.1f} s | {s['samples']:,} samples | throughput "
+          f"{_num(s['throughput'], ',.0f')} samples/s | utilisation "
+          f"{_num(s['utilisation'], '.2f')} of {_num(s['throughput_limit'], ',.0f')} | traffic "
+          f"{_num(s['traffic_Bps'] and s['traffic_Bps'] / 1e6, '.2f')} MB/s", file=stream)
+    print(f"time to accuracy  {tta}", file=stream)
+    print(f"final accuracy {_num(s['final_accuracy'], '.4f')} (best "
+          f"{_num(s['best_accuracy'], '.4f')}) after {s['rounds']} rounds", file=stream)
+    rows = [[str(w["rank"]), w["device"], f"{w['slowdown']:g}", str(w["rounds"]),
+             str(w["local_steps"]), f"{w['samples']:,}", f"{w['compute_s']:.1f}",
+             f"{w['wait_s']:.1f}", f"{w['comm_s']:.1f}", f"{w['eval_s']:.1f}",
+             _num(w["computing_time_ratio"], ".2f"),
+             _num(w["bytes_sent"] / max(w["rounds"], 1) / 1e3, ",.1f")]
+            for w in s["per_worker"]]
+    print(table(["rank", "device", "slowdown", "rounds", "steps", "samples", "compute s",
+                 "wait s", "comm s", "eval s", "compute ratio", "kB sent/round"], rows),
+          file=stream)
+
+
+def print_comparison(summaries: Mapping[str, Mapping[str, Any]], speedups: Mapping[str, Any],
+                     lrs: Mapping[str, Any] | None = None, stream=sys.stdout) -> None:
+    """One row per run: time-to-accuracy per target, speedup vs sync, accuracy, throughput..."""
+    targets = list(next(iter(summaries.values()))["time_to_accuracy"]) if summaries else []
+    rows = []
+    for name, s in summaries.items():
+        rows.append([name, str((lrs or {}).get(name, s.get("lr")))]
+                    + [_num(s["time_to_accuracy"].get(t), ".1f") for t in targets]
+                    + [_num(speedups.get(name), ".2f"), _num(s["final_accuracy"], ".4f"),
+                       _num(s["throughput"], ",.0f"), _num(s["utilisation"], ".2f"),
+                       _num(s["traffic_Bps"] and s["traffic_Bps"] / 1e6, ".2f")])
+    print(table(["run", "lr"] + [f"tta {t} (s)" for t in targets]
+                + ["speedup", "final acc", "samples/s", "utilisation", "MB/s"], rows),
+          file=stream)
