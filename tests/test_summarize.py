@@ -77,7 +77,8 @@ def write_run(
     workers = workers if workers is not None else {0: worker_records(0), 1: worker_records(1)}
     slowdowns = slowdowns if slowdowns is not None else [1.0, 4.0][: len(workers)] + [1.0] * max(0, len(workers) - 2)
     if ranks is None:
-        ranks = [dict(rank=r, host="cloud1", device=recs[0]["device"] if recs else "cpu", slowdown=slowdowns[r])
+        ranks = [dict(rank=r, host="cloud1", device=recs[0]["device"] if recs else "cpu",
+                      slowdown=slowdowns[r] if r < len(slowdowns) else 1.0)
                  for r, recs in sorted(workers.items())]
     run = dict(run_name=run_dir.name, mode=mode,
                config=dict(mode=mode, workers=len(workers), slowdowns=slowdowns, network="mlp",
@@ -132,6 +133,16 @@ def test_traffic_counts_workers_ps_and_state_server(run_dir):
     assert s["traffic_Bps"] == pytest.approx(1040.0)
     assert s["bytes_per_worker_round"] == pytest.approx(1000.0)
     assert s["state_server_requests"] == 50
+
+
+def test_slowdowns_default_to_one_per_worker(tmp_path):
+    run_dir = write_run(tmp_path / "r", slowdowns=[])  # the config default: no slowdown anywhere
+    run = json.loads((run_dir / "run.json").read_text())
+    for entry in run["ranks"]:
+        del entry["slowdown"]
+    (run_dir / "run.json").write_text(json.dumps(run))
+    s = summarize(run_dir)
+    assert s["slowdowns"] == [1.0, 1.0] and [w["slowdown"] for w in s["per_worker"]] == [1.0, 1.0]
 
 
 def test_traffic_without_servers(tmp_path):
@@ -213,10 +224,11 @@ def test_speedup_from_summaries(tmp_path):
 def test_esync_device_names_unique_per_host():
     ranks = [dict(rank=0, host="cloud1", device="cpu"), dict(rank=1, host="cloud1", device="cuda:0"),
              dict(rank=2, host="cloud1", device="cuda:1"), dict(rank=3, host="cloud3", device="cpu"),
-             dict(rank=4, host="cloud3", device="cpu"), dict(rank=5, host="cloud3", device="cuda")]
+             dict(rank=4, host="cloud3", device="cpu"), dict(rank=5, host="cloud3", device="cuda"),
+             dict(rank=6, host="cloud3", device="gpu1")]  # the runtime's own label
     assert esync_device_names(ranks) == {
         0: ("cloud1", "cpu"), 1: ("cloud1", "gpu0"), 2: ("cloud1", "gpu1"),
-        3: ("cloud3", "cpu"), 4: ("cloud3", "cpu_1"), 5: ("cloud3", "gpu0"),
+        3: ("cloud3", "cpu"), 4: ("cloud3", "cpu_1"), 5: ("cloud3", "gpu0"), 6: ("cloud3", "gpu1"),
     }
 
 
@@ -315,6 +327,7 @@ def test_missing_directory(tmp_path):
 def test_worker_declared_but_never_wrote(tmp_path):
     run_dir = write_run(tmp_path / "r")
     run = json.loads((run_dir / "run.json").read_text())
-    run["ranks"].append(dict(rank=2, host="cloud1", device="cuda:1", slowdown=1.0))
+    run["ranks"].append(dict(rank=2, host="cloud1", device="cuda:1", slowdown=1.0, role="worker"))
+    run["ranks"].append(dict(rank=3, host="cloud1", device="ps", slowdown=1.0, role="parameter-server"))
     (run_dir / "run.json").write_text(json.dumps(run))
     assert summarize(run_dir)["missing_workers"] == [2]

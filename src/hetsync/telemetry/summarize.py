@@ -162,11 +162,12 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
     throughput = _ratio(samples, wall)
     isolated = [w["isolated_throughput"] for w in per_worker if w["isolated_throughput"] is not None]
     limit = float(sum(isolated)) if isolated else None
-    declared = [int(r["rank"]) for r in run.get("ranks") or [] if "rank" in r]
+    declared = [int(r["rank"]) for r in run.get("ranks") or []  # workers, not the parameter server
+                if "rank" in r and r.get("role", "worker") == "worker"]
     rounds = [int(r["round"]) for records in log.workers.values() for r in records]
     evals = [e for e in log.evals if e.get("test_acc") is not None]
-    slowdowns = config.get("slowdowns")
-    if slowdowns is None:
+    slowdowns = list(config.get("slowdowns") or [])
+    if len(slowdowns) < len(per_worker):  # an empty or short list leaves the rest at 1
         slowdowns = [w["slowdown"] for w in per_worker]
 
     return {
@@ -200,13 +201,13 @@ def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -
     """Read ``run_dir`` and compute its figures (DESIGN.md "Definitions of the figures").
 
     Keys: ``run_name, mode, workers, slowdowns, lr, batch_size, network, collective`` (from
-    run.json/config); ``complete`` (run.json has ``end_time``); ``wall_s`` (see
+    run.json/config; ``slowdowns`` is per worker, 1 where the config's list is short); ``complete`` (run.json has ``end_time``); ``wall_s`` (see
     :func:`run_wall_time`); ``rounds`` (max round number); ``samples`` (Σ over workers);
     ``throughput`` = samples ÷ wall_s; ``throughput_limit`` = Σ workers' isolated throughput;
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
     ``evaluations``; ``time_to_accuracy`` (:func:`time_to_accuracy`); ``final_accuracy`` and
-    ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (ranks in run.json
-    with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
+    ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (worker ranks in
+    run.json, i.e. not ``role: parameter-server``, with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
     device, slowdown`` and the keys of :func:`worker_stats`.
     """
     return summarize_log(read_run(run_dir), targets)
