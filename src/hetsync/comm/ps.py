@@ -1,0 +1,439 @@
+"""Parameter server: one extra rank that sums synchronously or applies updates asynchronously.
+
+By convention the server is the last global rank; the workers are the others. The server
+runs :meth:`ParameterServer.serve` until every worker has said goodbye; each worker talks to
+it through a :class:`PSClient` (or the module-level one from :func:`connect`). Messages use
+the fixed header of :mod:`hetsync.comm.wire`; all traffic goes through the default process
+group with a backend that can receive from any source (gloo or MPI; not NCCL). Payloads
+travel as flat CPU tensors.
+
+Three uses:
+
+- **synchronous sum** (:meth:`PSClient.sum`, ``all_reduce(t, "ps")``): every worker pushes
+  its k-th SUM (header field ``round`` = k); once all workers' pushes for round k are in,
+  the server adds them in worker-rank order and replies the sum to each.
+- **asynchronous apply-and-serve** (:meth:`PSClient.push_pull`, :meth:`PSClient.pull`): the
+  server hands the update at once to its :class:`ServerRule` and replies with what the rule
+  returns. Requests are served one at a time, in arrival order, whichever worker sent
+  them, so a fast worker never waits for a slow one.
+- **sparse messages**: any push or reply may be a :class:`~hetsync.comm.wire.SparseMessage`
+  (int32 indices, values, dense length in the header).
+
+Example (3 ranks: workers 0, 1; server 2)::
+
+    if rank == 2:
+        ParameterServer([0, 1], rule=MyRule()).serve()
+    else:
+        with PSClient(server_rank=2) as ps:
+            weights = ps.push_pull(update)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+
+from . import meter, p2p
+from .errors import CommError, CommTimeoutError, ProtocolError
+from .p2p import RECV, SEND
+from .timeouts import resolve_timeout
+from .topology import GroupView
+from .wire import (HEADER_BYTES, HEADER_LEN, Field, Header, Kind, Op, Payload,
+                   SparseMessage, Status, decode, describe, payload_tensors, receive_buffers)
+
+TAG_REQUEST = 0x4854
+TAG_REQUEST_PAYLOAD = 0x4855
+TAG_REPLY = 0x4856
+TAG_REPLY_PAYLOAD = 0x4857
+
+#: Meter operation names of the requests (the same on worker and server).
+OP_NAMES = {Op.PULL: "ps/pull", Op.PUSH_PULL: "ps/push_pull", Op.SUM: "ps/sum",
+            Op.BYE: "ps/bye"}
+
+
+@runtime_checkable
+class ServerRule(Protocol):
+    """What the server does with asynchronous requests (ASGD, DC-ASGD, DGS, ...).
+
+    ``worker`` is the requesting worker's global rank. Both methods run on the server's
+    single thread, one request at a time, and should be short. They may return a dense
+    tensor (sent flat), a :class:`SparseMessage`, or ``None`` (an empty reply).
+    """
+
+    def pull(self, worker: int) -> torch.Tensor | SparseMessage:
+        """The reply to a PULL: typically the current weights."""
+        ...
+
+    def push(self, worker: int, update: torch.Tensor | SparseMessage
+             ) -> torch.Tensor | SparseMessage:
+        """Apply ``update`` (a flat tensor or sparse message); return the reply."""
+        ...
+
+
+@dataclasses.dataclass
+class ServerStats:
+    """What a :class:`ParameterServer` has served so far."""
+
+    requests: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"pull": 0, "push_pull": 0, "sum": 0, "bye": 0})
+    per_worker: dict[int, int] = dataclasses.field(default_factory=dict)
+    sum_rounds: int = 0
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+
+
+def _explain(reply: Header) -> str:
+    if reply.status == Status.BAD_HEADER:
+        try:
+            field = Field(reply.detail).name.lower()
+        except ValueError:
+            field = f"#{reply.detail}"
+        return f"it did not understand header field '{field}'"
+    if reply.status == Status.RULE_FAILED:
+        return "its rule failed (see the server's traceback)"
+    if reply.status == Status.ROUND_ABORTED:
+        return f"sum round {reply.detail} was aborted because a worker closed before pushing"
+    return f"status {reply.status}"
+
+
+class ParameterServer:
+    """Serve PS requests from ``worker_ranks`` (global ranks) until all of them said goodbye.
+
+    Args:
+        worker_ranks: the workers' global ranks (the server's own rank excluded).
+        rule: a :class:`ServerRule` for PULL and PUSH_PULL; may be ``None`` when only
+            synchronous sums are served.
+        timeout: seconds the server waits for any single transfer, including the wait for
+            the next request from any worker; ``None``: the process-wide default.
+
+    The loop, one request at a time:
+
+    1. Receive the next 96-byte header from any rank; refuse (reply ERROR, then raise
+       :class:`ProtocolError` naming the sender and the field) one it does not understand,
+       one from a non-worker or after BYE, or one out of sequence.
+    2. Receive the payload whose kind, dtype and sizes the header gave.
+    3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
+       SUM: file the push under its round; when all workers' pushes for the round are in,
+       add them in worker-rank order and reply the sum to every worker.
+       BYE: acknowledge, and abort (reply ERROR to the waiting) any sum round that worker
+       will now never join.
+    """
+
+    def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
+                 timeout: float | None = None):
+        workers = list(worker_ranks)
+        if not workers:
+            raise ValueError("worker_ranks must name at least one worker, got []")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in workers):
+            raise ValueError(f"worker_ranks must be non-negative ints, got {workers}")
+        if len(set(workers)) != len(workers):
+            raise ValueError(f"worker_ranks has duplicates: {workers}")
+        if rule is not None and not isinstance(rule, ServerRule):
+            raise ValueError(f"rule must have pull(worker) and push(worker, update), got "
+                             f"{type(rule).__name__}")
+        self.workers = tuple(sorted(workers))
+        self.rule = rule
+        self.timeout = None if timeout is None else resolve_timeout(timeout)
+        self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
+        self._view: GroupView | None = None
+
+    # -- transport -----------------------------------------------------------------------
+    def _transfer(self, ops, op: str, timeout: float | None = None) -> None:
+        sent, recv = p2p.transfer(ops, view=self._view, op=op,
+                                  timeout=timeout or resolve_timeout(self.timeout))
+        self.stats.bytes_sent += sent
+        self.stats.bytes_recv += recv
+
+    def _reply_ops(self, worker: int, seq: int, payload: Payload) -> list[tuple]:
+        header = Header(op=Op.REPLY, sender=self._view.rank, seq=seq, **describe(payload))
+        return [(SEND, header.encode(), worker, TAG_REPLY)] + \
+            [(SEND, t, worker, TAG_REPLY_PAYLOAD) for t in payload_tensors(payload)]
+
+    def _error_ops(self, worker: int, seq: int, status: Status, detail: int) -> list[tuple]:
+        header = Header(op=Op.ERROR, sender=self._view.rank, seq=seq, status=status,
+                        detail=detail)
+        return [(SEND, header.encode(), worker, TAG_REPLY)]
+
+    def _send_error_quietly(self, worker: int, seq: int, status: Status, detail: int,
+                            op: str) -> None:
+        """Best effort: tell ``worker`` why it is refused; never masks the real error."""
+        try:
+            self._transfer(self._error_ops(worker, seq, status, detail), op,
+                           timeout=min(resolve_timeout(self.timeout), 5.0))
+        except CommError:
+            pass
+
+    # -- loop ----------------------------------------------------------------------------
+    def serve(self) -> ServerStats:
+        """Serve until every worker has sent BYE; return :attr:`stats`."""
+        self._view = GroupView.of(None)
+        me = self._view.rank
+        if me in self.workers:
+            raise ValueError(f"the server's own rank {me} is in worker_ranks {self.workers}")
+        bad = [w for w in self.workers if w >= self._view.size]
+        if bad:
+            raise ValueError(f"worker_ranks {bad} are outside the world of size "
+                             f"{self._view.size}")
+        open_workers = set(self.workers)
+        next_seq = {w: 0 for w in self.workers}
+        next_round = {w: 0 for w in self.workers}
+        closed_at: dict[int, int] = {}          # worker -> first round it will never join
+        rounds: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
+        raw = torch.empty(HEADER_LEN, dtype=torch.int64)
+        while open_workers:
+            timeout = resolve_timeout(self.timeout)
+            try:
+                src = p2p.recv_any(raw, view=self._view, op="ps/serve", timeout=timeout,
+                                   tag=TAG_REQUEST, count=False)
+            except CommTimeoutError as exc:
+                raise CommTimeoutError(
+                    f"ps/serve: no request within {timeout:g} s from any of the workers still "
+                    f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
+            seq = int(raw[Field.SEQ])
+            try:
+                if src not in self.workers:
+                    raise ProtocolError(f"refused header from rank {src}: field 'sender' = "
+                                        f"{src}: not a worker of this server {self.workers}",
+                                        peer=src, field="sender", value=src)
+                header = decode(raw, src)
+                if src not in open_workers:
+                    raise ProtocolError(f"refused header from rank {src}: field 'op' = "
+                                        f"{header.op}: request after BYE", peer=src,
+                                        field="op", value=header.op)
+                if header.seq != next_seq[src]:
+                    raise ProtocolError(
+                        f"refused header from rank {src}: field 'seq' = {header.seq}: "
+                        f"expected {next_seq[src]}", peer=src, field="seq", value=header.seq)
+                if header.op == Op.SUM:
+                    self._check_sum(header, next_round[src], rounds)
+            except ProtocolError as err:
+                detail = Field[err.field.upper()] if err.field and \
+                    err.field.upper() in Field.__members__ else 0
+                self._send_error_quietly(src, seq, Status.BAD_HEADER, int(detail), "ps/serve")
+                raise
+            op = OP_NAMES[Op(header.op)]
+            meter.add(op, 0, HEADER_BYTES)
+            self.stats.bytes_recv += HEADER_BYTES
+            bufs, payload = receive_buffers(header)
+            self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
+            if isinstance(payload, SparseMessage) and payload.nnz:
+                lo, hi = int(payload.indices.min()), int(payload.indices.max())
+                if lo < 0 or hi >= payload.numel:
+                    self._send_error_quietly(src, seq, Status.BAD_HEADER, int(Field.NNZ), op)
+                    raise ProtocolError(
+                        f"refused payload from rank {src}: sparse indices span [{lo}, {hi}] "
+                        f"outside [0, numel={payload.numel})", peer=src, field="indices",
+                        value=lo if lo < 0 else hi)
+            next_seq[src] += 1
+            self.stats.requests[op.split("/")[1]] += 1
+            self.stats.per_worker[src] += 1
+
+            if header.op in (Op.PULL, Op.PUSH_PULL):
+                reply = self._apply(header, src, payload, op)
+                self._transfer(self._reply_ops(src, header.seq, reply), op)
+            elif header.op == Op.SUM:
+                next_round[src] += 1
+                r = header.round
+                if any(c <= r for c in closed_at.values()):
+                    self._transfer(self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
+                                   op)
+                    continue
+                rounds.setdefault(r, {})[src] = (header.seq, payload)
+                if len(rounds[r]) == len(self.workers):
+                    self._finish_round(rounds.pop(r), op)
+            else:  # BYE
+                open_workers.discard(src)
+                closed_at[src] = next_round[src]
+                self._transfer(self._reply_ops(src, header.seq, None), op)
+                for r in sorted(k for k in rounds if k >= next_round[src]):
+                    waiting = rounds.pop(r)
+                    self._transfer([o for w, (s, _) in waiting.items()
+                                    for o in self._error_ops(w, s, Status.ROUND_ABORTED, r)],
+                                   OP_NAMES[Op.SUM])
+        return self.stats
+
+    def _check_sum(self, header: Header, expected_round: int,
+                   rounds: dict[int, dict[int, tuple[int, torch.Tensor]]]) -> None:
+        src = header.sender
+        if header.round != expected_round:
+            raise ProtocolError(f"refused header from rank {src}: field 'round' = "
+                                f"{header.round}: expected {expected_round}", peer=src,
+                                field="round", value=header.round)
+        filed = rounds.get(header.round)
+        if filed:
+            other, (_, first) = next(iter(filed.items()))
+            dtype = describe(first)["dtype"]
+            if header.dtype != dtype:
+                raise ProtocolError(f"refused header from rank {src}: field 'dtype' = "
+                                    f"{header.dtype}: rank {other} pushed dtype code {dtype} "
+                                    f"for round {header.round}", peer=src, field="dtype",
+                                    value=header.dtype)
+            if header.numel != first.numel():
+                raise ProtocolError(f"refused header from rank {src}: field 'numel' = "
+                                    f"{header.numel}: rank {other} pushed {first.numel()} "
+                                    f"elements for round {header.round}", peer=src,
+                                    field="numel", value=header.numel)
+
+    def _apply(self, header: Header, src: int, payload: Payload, op: str) -> Payload:
+        try:
+            if self.rule is None:
+                raise RuntimeError(f"ParameterServer has no rule to answer {op} from rank "
+                                   f"{src}; pass rule=...")
+            if header.op == Op.PULL:
+                return self.rule.pull(src)
+            return self.rule.push(src, payload)
+        except Exception:
+            self._send_error_quietly(src, header.seq, Status.RULE_FAILED, 0, op)
+            raise
+
+    def _finish_round(self, pushes: dict[int, tuple[int, torch.Tensor]], op: str) -> None:
+        order = sorted(pushes)
+        total = pushes[order[0]][1]
+        for w in order[1:]:
+            total.add_(pushes[w][1])
+        self._transfer([o for w in order for o in self._reply_ops(w, pushes[w][0], total)], op)
+        self.stats.sum_rounds += 1
+
+
+class PSClient:
+    """A worker's connection to the parameter server at global rank ``server_rank``.
+
+    Args:
+        server_rank: the server's global rank (by convention the last one).
+        timeout: seconds to wait for each request's round trip; ``None``: the process-wide
+            default at the time of the call.
+
+    Thread-safe (one request at a time). Close it (or use ``with``) so the server can stop.
+    """
+
+    def __init__(self, server_rank: int, timeout: float | None = None):
+        self._view = GroupView.of(None)
+        if isinstance(server_rank, bool) or not isinstance(server_rank, int) or \
+                not 0 <= server_rank < self._view.size:
+            raise ValueError(f"server_rank must be a global rank in [0, {self._view.size}), "
+                             f"got {server_rank!r}")
+        if server_rank == self._view.rank:
+            raise ValueError(f"server_rank {server_rank} is this process's own rank")
+        self.server_rank = server_rank
+        self.rank = self._view.rank
+        self.timeout = None if timeout is None else resolve_timeout(timeout)
+        self.closed = False
+        self._seq = 0
+        self._round = 0
+        self._lock = threading.Lock()
+
+    def _request(self, op: Op, payload: Payload, *, name: str, timeout, round: int = 0
+                 ) -> Payload:
+        if self.closed:
+            raise RuntimeError(f"PSClient to rank {self.server_rank} is closed")
+        t = resolve_timeout(timeout if timeout is not None else self.timeout)
+        server = self.server_rank
+        header = Header(op=op, sender=self.rank, seq=self._seq, round=round,
+                        **describe(payload))
+        raw = torch.empty(HEADER_LEN, dtype=torch.int64)
+        ops = [(RECV, raw, server, TAG_REPLY), (SEND, header.encode(), server, TAG_REQUEST)]
+        ops += [(SEND, x, server, TAG_REQUEST_PAYLOAD) for x in payload_tensors(payload)]
+        p2p.transfer(ops, view=self._view, op=name, timeout=t)
+        self._seq += 1
+        reply = decode(raw, server, expect=(Op.REPLY, Op.ERROR))
+        if reply.seq != header.seq:
+            raise ProtocolError(f"refused reply from rank {server}: field 'seq' = {reply.seq}: "
+                                f"expected {header.seq}", peer=server, field="seq",
+                                value=reply.seq)
+        if reply.op == Op.ERROR:
+            raise CommError(f"{name}: parameter server (rank {server}) refused request "
+                            f"{header.seq} from rank {self.rank}: {_explain(reply)}",
+                            op=name, peer=server)
+        bufs, result = receive_buffers(reply)
+        p2p.transfer([(RECV, b, server, TAG_REPLY_PAYLOAD) for b in bufs], view=self._view,
+                     op=name, timeout=t)
+        return result
+
+    def pull(self, *, timeout: float | None = None) -> Payload:
+        """Ask for the server rule's view (``rule.pull``); returns a flat tensor or sparse."""
+        with self._lock:
+            return self._request(Op.PULL, None, name=OP_NAMES[Op.PULL], timeout=timeout)
+
+    def push_pull(self, update: torch.Tensor | SparseMessage, *,
+                  timeout: float | None = None) -> Payload:
+        """Send ``update``; the server applies it at once (``rule.push``) and its return value
+        comes back (a flat tensor, a :class:`SparseMessage` or ``None``)."""
+        if update is None:
+            raise ValueError("update must be a Tensor or SparseMessage, got None")
+        with self._lock:
+            return self._request(Op.PUSH_PULL, update, name=OP_NAMES[Op.PUSH_PULL],
+                                 timeout=timeout)
+
+    def sum(self, tensor: torch.Tensor, *, timeout: float | None = None,
+            _op: str = OP_NAMES[Op.SUM]) -> torch.Tensor:
+        """Synchronous sum over all the server's workers, written into ``tensor`` in place."""
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        with self._lock:
+            r = self._round
+            result = self._request(Op.SUM, tensor, name=_op, timeout=timeout, round=r)
+            self._round += 1
+        if not isinstance(result, torch.Tensor) or result.numel() != tensor.numel() or \
+                result.dtype != tensor.dtype:
+            raise ProtocolError(f"{_op}: reply from rank {self.server_rank} to sum round {r} "
+                                f"does not match the pushed {tensor.numel()} x {tensor.dtype}",
+                                peer=self.server_rank, field="numel", op=_op)
+        with torch.no_grad():
+            tensor.copy_(result.view(tensor.shape))
+        return tensor
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Say goodbye (waits for the server's acknowledgement). Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._request(Op.BYE, None, name=OP_NAMES[Op.BYE], timeout=timeout)
+            finally:
+                self.closed = True
+
+    def __enter__(self) -> "PSClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            try:
+                self.close(timeout=5.0)
+            except Exception:  # noqa: BLE001 - do not mask the original error
+                pass
+
+
+_default_lock = threading.Lock()
+_default: PSClient | None = None
+
+
+def connect(server_rank: int, timeout: float | None = None) -> PSClient:
+    """Create this process's default :class:`PSClient` (used by ``all_reduce(t, "ps")``)."""
+    global _default
+    with _default_lock:
+        if _default is not None and not _default.closed:
+            raise RuntimeError(f"already connected to the parameter server at rank "
+                               f"{_default.server_rank}; call disconnect() first")
+        _default = PSClient(server_rank, timeout=timeout)
+        return _default
+
+
+def default_client() -> PSClient | None:
+    """The client made by :func:`connect`, or ``None`` (also once it was closed)."""
+    with _default_lock:
+        return _default if _default is not None and not _default.closed else None
+
+
+def disconnect(timeout: float | None = None) -> None:
+    """Close and forget the default client (no-op when there is none)."""
+    global _default
+    with _default_lock:
+        client, _default = _default, None
+    if client is not None:
+        client.close(timeout=timeout)

@@ -1,0 +1,278 @@
+"""Wire format of the parameter server: a fixed int64 header, then raw payload tensors.
+
+No pickle and no Python objects cross the wire. Every message is
+
+1. a header: an int64 tensor of :data:`HEADER_LEN` = 12 fields (:data:`HEADER_BYTES` = 96
+   bytes), laid out as :class:`Field`:
+
+   ====  ==============  =========================================================
+   idx   field           meaning
+   ====  ==============  =========================================================
+   0     magic_version   :data:`MAGIC` << 16 | :data:`VERSION`
+   1     op              :class:`Op` (request: PULL, PUSH_PULL, SUM, BYE; reply:
+                         REPLY, ERROR)
+   2     sender          global rank of the sender
+   3     seq             the client's request number (0, 1, 2, ...); a reply echoes it
+   4     kind            :class:`Kind` of the payload: EMPTY, DENSE, SPARSE
+   5     dtype           :data:`DTYPE_CODES` code of the (value) payload; 0 if EMPTY
+   6     numel           length of the dense vector (a sparse one's dense length)
+   7     nnz             number of values sent (= numel when DENSE, 0 when EMPTY)
+   8     round           SUM: the client's synchronous-sum number (matches pushes)
+   9     status          ERROR: an :class:`Status` code; else 0
+   10    detail          ERROR: the :class:`Field` index blamed, or the round; else 0
+   11    reserved        0
+   ====  ==============  =========================================================
+
+2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of
+   ``dtype`` (DENSE); or ``nnz`` int32 indices then ``nnz`` values of ``dtype`` (SPARSE).
+
+Sizes travel in the header, so the receiver allocates exactly once and no side channel is
+needed. :func:`decode` refuses a header it does not understand with a
+:class:`~hetsync.comm.errors.ProtocolError` naming the sender and the field.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ProtocolError
+
+MAGIC = 0x48535943  # "HSYC"
+VERSION = 1
+MAGIC_VERSION = (MAGIC << 16) | VERSION
+HEADER_LEN = 12
+HEADER_BYTES = HEADER_LEN * 8
+#: Upper bound on numel accepted from the wire (guards against absurd allocations).
+MAX_NUMEL = 1 << 40
+INDEX_DTYPE = torch.int32
+
+
+class Field(enum.IntEnum):
+    MAGIC_VERSION = 0
+    OP = 1
+    SENDER = 2
+    SEQ = 3
+    KIND = 4
+    DTYPE = 5
+    NUMEL = 6
+    NNZ = 7
+    ROUND = 8
+    STATUS = 9
+    DETAIL = 10
+    RESERVED = 11
+
+
+class Op(enum.IntEnum):
+    PULL = 1        # request: "send me your view"            (EMPTY)
+    PUSH_PULL = 2   # request: "apply this, send me your view" (DENSE or SPARSE)
+    SUM = 3         # request: "add this to round `round`"     (DENSE)
+    BYE = 4         # request: "I am done"                     (EMPTY)
+    REPLY = 5       # reply to any request
+    ERROR = 6       # reply: the request was refused (status, detail say why)
+
+
+REQUESTS = (Op.PULL, Op.PUSH_PULL, Op.SUM, Op.BYE)
+
+
+class Kind(enum.IntEnum):
+    EMPTY = 0
+    DENSE = 1
+    SPARSE = 2
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    BAD_HEADER = 1      # detail = Field index
+    RULE_FAILED = 2     # the server's rule raised
+    ROUND_ABORTED = 3   # a worker closed before a SUM round completed; detail = round
+
+
+DTYPE_CODES: dict[int, torch.dtype] = {
+    1: torch.float32,
+    2: torch.float64,
+    3: torch.float16,
+    4: torch.bfloat16,
+}
+CODE_OF_DTYPE = {dt: code for code, dt in DTYPE_CODES.items()}
+
+
+@dataclass
+class SparseMessage:
+    """A sparse vector: ``values[j]`` sits at flat position ``indices[j]`` of ``numel``.
+
+    ``indices`` is a 1-D int32 tensor, ``values`` a 1-D floating tensor (float32 by
+    convention) of the same length. Only a container: selecting the entries is the
+    compression part's job.
+    """
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    numel: int
+
+    def __post_init__(self) -> None:
+        if self.indices.dtype != INDEX_DTYPE:
+            raise ValueError(f"SparseMessage indices must be int32, got {self.indices.dtype}")
+        if self.indices.dim() != 1 or self.values.dim() != 1:
+            raise ValueError("SparseMessage indices and values must be 1-D, got shapes "
+                             f"{tuple(self.indices.shape)} and {tuple(self.values.shape)}")
+        if self.indices.numel() != self.values.numel():
+            raise ValueError(f"SparseMessage has {self.indices.numel()} indices but "
+                             f"{self.values.numel()} values")
+        if self.values.dtype not in CODE_OF_DTYPE:
+            raise ValueError(f"SparseMessage values dtype {self.values.dtype} is not one of "
+                             f"{list(CODE_OF_DTYPE)}")
+        if not 0 <= self.indices.numel() <= int(self.numel):
+            raise ValueError(f"SparseMessage numel={self.numel} is smaller than its "
+                             f"{self.indices.numel()} entries")
+        self.numel = int(self.numel)
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.numel()
+
+
+Payload = torch.Tensor | SparseMessage | None
+
+
+@dataclass(frozen=True)
+class Header:
+    """A decoded header (see the module docstring for the layout)."""
+
+    op: int
+    sender: int
+    seq: int
+    kind: int = Kind.EMPTY
+    dtype: int = 0
+    numel: int = 0
+    nnz: int = 0
+    round: int = 0
+    status: int = 0
+    detail: int = 0
+
+    def encode(self) -> torch.Tensor:
+        return torch.tensor([MAGIC_VERSION, self.op, self.sender, self.seq, self.kind,
+                             self.dtype, self.numel, self.nnz, self.round, self.status,
+                             self.detail, 0], dtype=torch.int64)
+
+    @property
+    def payload_bytes(self) -> int:
+        if self.kind == Kind.EMPTY:
+            return 0
+        size = torch.empty((), dtype=DTYPE_CODES[self.dtype]).element_size()
+        index = INDEX_DTYPE.itemsize if self.kind == Kind.SPARSE else 0
+        return self.nnz * (size + index)
+
+
+def describe(payload: Payload) -> dict[str, int]:
+    """Header fields kind/dtype/numel/nnz for ``payload`` (ValueError if it cannot travel)."""
+    if payload is None:
+        return {"kind": Kind.EMPTY}
+    if isinstance(payload, SparseMessage):
+        return {"kind": Kind.SPARSE, "dtype": CODE_OF_DTYPE[payload.values.dtype],
+                "numel": payload.numel, "nnz": payload.nnz}
+    if isinstance(payload, torch.Tensor):
+        if payload.dtype not in CODE_OF_DTYPE:
+            raise ValueError(f"dtype {payload.dtype} cannot travel to the parameter server; "
+                             f"supported: {list(CODE_OF_DTYPE)}")
+        return {"kind": Kind.DENSE, "dtype": CODE_OF_DTYPE[payload.dtype],
+                "numel": payload.numel(), "nnz": payload.numel()}
+    raise ValueError(f"payload must be a Tensor, SparseMessage or None, got "
+                     f"{type(payload).__name__}")
+
+
+def payload_tensors(payload: Payload) -> list[torch.Tensor]:
+    """The CPU tensors to send for ``payload``, in wire order."""
+    if payload is None:
+        return []
+    if isinstance(payload, SparseMessage):
+        return [payload.indices.detach().cpu().contiguous(),
+                payload.values.detach().cpu().contiguous()]
+    return [payload.detach().cpu().contiguous().view(-1)]
+
+
+def receive_buffers(header: Header) -> tuple[list[torch.Tensor], Payload]:
+    """Buffers to receive ``header``'s payload into, and the payload they will form."""
+    if header.kind == Kind.EMPTY:
+        return [], None
+    dtype = DTYPE_CODES[header.dtype]
+    if header.kind == Kind.DENSE:
+        t = torch.empty(header.numel, dtype=dtype)
+        return [t], t
+    idx = torch.empty(header.nnz, dtype=INDEX_DTYPE)
+    val = torch.empty(header.nnz, dtype=dtype)
+    return [idx, val], SparseMessage(idx, val, header.numel)
+
+
+def _refuse(source: int, field: Field, value: int, why: str) -> ProtocolError:
+    return ProtocolError(
+        f"refused header from rank {source}: field '{field.name.lower()}' "
+        f"(index {int(field)}) = {value}: {why}",
+        peer=source, field=field.name.lower(), value=value)
+
+
+def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS) -> Header:
+    """Parse and validate a received header tensor; ``source`` is the rank it came from.
+
+    Raises :class:`ProtocolError` naming ``source`` and the first field it does not
+    understand: bad magic or version, an op not in ``expect``, a sender that is not
+    ``source``, an unknown kind or dtype, or sizes inconsistent with the kind.
+    """
+    v = [int(x) for x in raw.tolist()]
+    if len(v) != HEADER_LEN:
+        raise _refuse(source, Field.MAGIC_VERSION, len(v), f"header has {len(v)} fields, "
+                      f"expected {HEADER_LEN}")
+    if v[Field.MAGIC_VERSION] >> 16 != MAGIC:
+        raise _refuse(source, Field.MAGIC_VERSION, v[Field.MAGIC_VERSION],
+                      f"bad magic (expected {MAGIC:#x} << 16 | version)")
+    if v[Field.MAGIC_VERSION] & 0xFFFF != VERSION:
+        raise _refuse(source, Field.MAGIC_VERSION, v[Field.MAGIC_VERSION],
+                      f"unsupported version {v[Field.MAGIC_VERSION] & 0xFFFF} "
+                      f"(this side speaks {VERSION})")
+    op = v[Field.OP]
+    if op not in expect:
+        names = ", ".join(f"{Op(o).name}={int(o)}" for o in expect)
+        raise _refuse(source, Field.OP, op, f"unknown or unexpected op (expected {names})")
+    if v[Field.SENDER] != source:
+        raise _refuse(source, Field.SENDER, v[Field.SENDER],
+                      f"sender field does not match the source rank {source}")
+    if v[Field.SEQ] < 0:
+        raise _refuse(source, Field.SEQ, v[Field.SEQ], "negative sequence number")
+    kind = v[Field.KIND]
+    if kind not in Kind._value2member_map_:
+        raise _refuse(source, Field.KIND, kind, "unknown payload kind (0 empty, 1 dense, "
+                      "2 sparse)")
+    dtype, numel, nnz = v[Field.DTYPE], v[Field.NUMEL], v[Field.NNZ]
+    if kind == Kind.EMPTY:
+        for f in (Field.DTYPE, Field.NUMEL, Field.NNZ):
+            if v[f] != 0:
+                raise _refuse(source, f, v[f], "must be 0 for an empty payload")
+    else:
+        if dtype not in DTYPE_CODES:
+            raise _refuse(source, Field.DTYPE, dtype,
+                          f"unknown dtype code (known: {sorted(DTYPE_CODES)})")
+        if not 0 <= numel <= MAX_NUMEL:
+            raise _refuse(source, Field.NUMEL, numel, f"not in [0, {MAX_NUMEL}]")
+        if kind == Kind.DENSE and nnz != numel:
+            raise _refuse(source, Field.NNZ, nnz, f"must equal numel={numel} when dense")
+        if kind == Kind.SPARSE and not 0 <= nnz <= numel:
+            raise _refuse(source, Field.NNZ, nnz, f"not in [0, numel={numel}] for sparse")
+    if op in (Op.PULL, Op.BYE) and kind != Kind.EMPTY:
+        raise _refuse(source, Field.KIND, kind, f"{Op(op).name} carries no payload")
+    if op == Op.SUM and kind != Kind.DENSE:
+        raise _refuse(source, Field.KIND, kind, "SUM needs a dense payload")
+    if op == Op.PUSH_PULL and kind == Kind.EMPTY:
+        raise _refuse(source, Field.KIND, kind, "PUSH_PULL needs a payload")
+    if v[Field.ROUND] < 0 or (op != Op.SUM and op != Op.ERROR and v[Field.ROUND] != 0):
+        raise _refuse(source, Field.ROUND, v[Field.ROUND], "round is only set by SUM (>= 0)")
+    if op != Op.ERROR:
+        for f in (Field.STATUS, Field.DETAIL):
+            if v[f] != 0:
+                raise _refuse(source, f, v[f], "must be 0 outside ERROR replies")
+    if v[Field.RESERVED] != 0:
+        raise _refuse(source, Field.RESERVED, v[Field.RESERVED], "reserved, must be 0")
+    return Header(op=op, sender=source, seq=v[Field.SEQ], kind=kind, dtype=dtype,
+                  numel=numel, nnz=nnz, round=v[Field.ROUND], status=v[Field.STATUS],
+                  detail=v[Field.DETAIL])

@@ -1,0 +1,112 @@
+"""Fault injection with real processes: a killed peer or a silent one makes the others raise
+CommError / CommTimeoutError, naming the operation and the peer, within the timeout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from distributed import run_ranks
+
+TIMEOUT = 5.0
+SLACK = 3.0     # scheduling on a loaded 2-core machine
+
+
+def _attempt(fn):
+    from hetsync.comm import CommError
+    t0 = time.monotonic()
+    try:
+        fn()
+    except CommError as err:
+        return {"type": type(err).__name__, "msg": str(err), "peer": err.peer,
+                "seconds": getattr(err, "seconds", None), "elapsed": time.monotonic() - t0}
+    return {"type": None, "elapsed": time.monotonic() - t0}
+
+
+def _killed_peer(rank: int, world_size: int, algorithm: str):
+    import torch.distributed as dist
+    from hetsync.comm import all_reduce
+    dist.barrier()          # every connection is up; then the last rank dies
+    if rank == world_size - 1:
+        os._exit(1)
+    return _attempt(lambda: all_reduce(torch.ones(1000), algorithm, timeout=TIMEOUT))
+
+
+@pytest.mark.parametrize("algorithm", ["ring"])   # the transport is shared: one suffices
+def test_killed_peer_raises_comm_error_quickly(algorithm):
+    *alive, dead = run_ranks(_killed_peer, 4, algorithm, allow_failures=True, timeout=60)
+    assert isinstance(dead, Exception)
+    for r in alive:
+        assert r["type"] in ("CommError", "CommTimeoutError"), r
+        assert r["elapsed"] < TIMEOUT + SLACK, r
+        assert r["msg"].startswith(f"all_reduce/{algorithm}: ") and "rank " in r["msg"]
+    # the dead rank's direct neighbours name it
+    assert any(r["peer"] == 3 and "rank 3" in r["msg"] for r in alive), alive
+
+
+def _silent_peer(rank: int, world_size: int):
+    from hetsync.comm import all_reduce, set_default_timeout
+    if rank == 2:
+        time.sleep(2 * 2.0 + 2)     # outlives the others' timeout, then leaves quietly
+        return None
+    set_default_timeout(2.0)        # the process-wide default bounds the wait
+    return _attempt(lambda: all_reduce(torch.ones(10), "butterfly"))
+
+
+def test_silent_peer_times_out_naming_peer_and_seconds():
+    r0, r1, _ = run_ranks(_silent_peer, 3, allow_failures=True, timeout=60)
+    # rank 0 folds in rank 2 (3 = 2 + 1 extra), so it waits on rank 2 and times out
+    assert r0["type"] == "CommTimeoutError" and r0["peer"] == 2 and r0["seconds"] == 2.0
+    assert "all_reduce/butterfly" in r0["msg"] and "rank 2" in r0["msg"] and "2 s" in r0["msg"]
+    assert 2.0 <= r0["elapsed"] < 2.0 + SLACK
+    assert r1["type"] in ("CommError", "CommTimeoutError") and r1["elapsed"] < 2.0 + SLACK
+
+
+def _ps_dead(rank: int, world_size: int, who: str):
+    import torch.distributed as dist
+    from hetsync.comm import CommError, ParameterServer, PSClient
+
+    class Echo:
+        def pull(self, worker):
+            return torch.zeros(3)
+
+        def push(self, worker, update):
+            return update
+
+    dist.barrier()
+    server = world_size - 1
+    if (who == "server" and rank == server) or (who == "worker" and rank == 1):
+        os._exit(1)
+    if rank == server:
+        t0 = time.monotonic()
+        try:
+            ParameterServer([0, 1], Echo(), timeout=TIMEOUT).serve()
+        except CommError as err:
+            return {"type": type(err).__name__, "msg": str(err),
+                    "elapsed": time.monotonic() - t0}
+        return {"type": None}
+    client = PSClient(server, timeout=TIMEOUT)
+    if who == "server":
+        return _attempt(lambda: client.push_pull(torch.ones(3)))
+    client.push_pull(torch.ones(3))
+    client.close()
+    return {"type": None}
+
+
+def test_dead_parameter_server_fails_the_worker():
+    w0, w1, dead = run_ranks(_ps_dead, 3, "server", allow_failures=True, timeout=60)
+    assert isinstance(dead, Exception)
+    for r in (w0, w1):
+        assert r["type"] in ("CommError", "CommTimeoutError") and r["peer"] == 2, r
+        assert r["msg"].startswith("ps/push_pull: ") and r["elapsed"] < TIMEOUT + SLACK
+
+
+def test_dead_worker_stops_the_server_within_its_timeout():
+    w0, dead, server = run_ranks(_ps_dead, 3, "worker", allow_failures=True, timeout=60)
+    assert w0 == {"type": None} and isinstance(dead, Exception)
+    assert server["type"] in ("CommError", "CommTimeoutError"), server
+    assert "ps/serve" in server["msg"] and "[1]" in server["msg"]
+    assert server["elapsed"] < TIMEOUT + SLACK

@@ -1,0 +1,219 @@
+"""The parameter server on real gloo processes: synchronous sums, asynchronous
+apply-and-serve (a slow worker never blocks a fast one), sparse messages, refused headers."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from distributed import run_ranks
+
+DIM = 8
+LR = 0.1
+FAST_STEPS = 20
+SLOW_SLEEP = 2.0
+SUM_CASES = ((torch.float32, 5), (torch.float64, 3000), (torch.float16, 7), (torch.float32, 1))
+
+
+class SGDRule:
+    """Test-only rule: w -= lr * update (dense or sparse); reply the new weights.
+
+    Sparse pushes are answered sparsely with the weights at the pushed indices."""
+
+    def __init__(self):
+        self.w = torch.zeros(DIM, dtype=torch.float64)
+        self.log: list[tuple[int, str, list]] = []
+
+    def pull(self, worker):
+        return self.w.clone()
+
+    def push(self, worker, update):
+        from hetsync.comm import SparseMessage
+        if isinstance(update, SparseMessage):
+            assert update.numel == DIM
+            self.w.index_add_(0, update.indices.long(), -LR * update.values.double())
+            self.log.append((worker, "sparse", [update.indices.tolist(),
+                                                update.values.tolist()]))
+            return SparseMessage(update.indices.clone(),
+                                 self.w[update.indices.long()].float(), DIM)
+        self.w.add_(update, alpha=-LR)
+        self.log.append((worker, "dense", update.tolist()))
+        return self.w.clone()
+
+
+def update_of(worker: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * worker + step)
+    return torch.randn(DIM, generator=g, dtype=torch.float64)
+
+
+def portable(t: torch.Tensor):
+    """A tensor as picklable plain data (tensors through the result queue would share fds)."""
+    return str(t.dtype), tuple(t.shape), t.double().numpy().copy()
+
+
+def tensor(p) -> torch.Tensor:
+    dtype, shape, arr = p
+    return torch.from_numpy(arr).to(getattr(torch, dtype.split(".")[1])).view(shape)
+
+
+def sum_data(rank: int, dtype, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(10 * rank + n)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _ps_ranks(rank: int, world_size: int) -> dict:
+    from hetsync.comm import (HEADER_BYTES, ParameterServer, PSClient, SparseMessage, meter)
+    server = world_size - 1
+    if rank == server:
+        rule = SGDRule()
+        stats = ParameterServer(range(server), rule, timeout=60).serve()
+        return {"stats": stats, "log": rule.log, "w": portable(rule.w),
+                "bytes": meter.snapshot()}
+    out: dict = {}
+    with PSClient(server, timeout=60) as ps:
+        # 1. synchronous sums (they also line the workers up for the timing below)
+        for dtype, n in SUM_CASES:
+            x = sum_data(rank, dtype, n).view(-1, 1) if n > 1 else sum_data(rank, dtype, n)
+            out[("sum", str(dtype), n)] = portable(ps.sum(x))
+        out["sum_bytes"] = meter.snapshot()["ps/sum"]
+        # 2. asynchronous: worker 0 is fast, worker 1 sleeps between its two pushes
+        t0 = time.monotonic()
+        if rank == 0:
+            replies = [ps.push_pull(update_of(0, i)) for i in range(FAST_STEPS)]
+            out["fast_elapsed"] = time.monotonic() - t0
+            out["replies"] = [portable(r) for r in replies]
+        else:
+            ps.push_pull(update_of(1, 0))
+            time.sleep(SLOW_SLEEP)
+            ps.push_pull(update_of(1, 1))
+            out["slow_elapsed"] = time.monotonic() - t0
+        # 3. sparse push, sparse reply (and an empty sparse push)
+        ps.sum(torch.zeros(1))   # line up again: the sparse phase starts after the async one
+        idx = torch.tensor([rank, 5], dtype=torch.int32)
+        val = torch.tensor([1.0, -2.0])
+        reply = ps.push_pull(SparseMessage(idx, val, DIM))
+        out["sparse_reply"] = (type(reply).__name__, reply.indices.tolist(), reply.numel)
+        empty = ps.push_pull(SparseMessage(torch.empty(0, dtype=torch.int32),
+                                           torch.empty(0), DIM))
+        out["empty_reply_nnz"] = empty.nnz
+        out["pull"] = portable(ps.pull())
+        out["header_bytes"] = HEADER_BYTES
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def ps_results():
+    return run_ranks(_ps_ranks, 3, timeout=120)
+
+
+def test_synchronous_sum_equals_the_sum_of_pushes():
+    res = ps_results()
+    for dtype, n in SUM_CASES:
+        expected = sum_data(0, dtype, n) + sum_data(1, dtype, n)
+        for rank in (0, 1):
+            got = tensor(res[rank][("sum", str(dtype), n)])
+            assert got.dtype == dtype and got.shape == ((n, 1) if n > 1 else (n,))
+            torch.testing.assert_close(got.view(-1), expected)
+
+
+def test_sum_bytes_are_payload_plus_header_each_way():
+    res = ps_results()
+    h = res[0]["header_bytes"]
+    per = sum(h + n * torch.empty((), dtype=d).element_size() for d, n in SUM_CASES)
+    for rank in (0, 1):
+        assert res[rank]["sum_bytes"] == (per, per)
+    server = res[2]["bytes"]["ps/sum"]
+    extra = 2 * (h + 4)     # the one-element "line up" sum of both workers
+    assert server == (2 * per + extra, 2 * per + extra)
+
+
+def test_slow_worker_does_not_block_fast_one():
+    res = ps_results()
+    assert res[0]["fast_elapsed"] < SLOW_SLEEP / 2, res[0]["fast_elapsed"]
+    assert res[1]["slow_elapsed"] >= SLOW_SLEEP
+    dense = [(w, u) for w, kind, u in res[2]["log"] if kind == "dense"]
+    order = [w for w, _ in dense]
+    # the slow worker's second push came after all the fast worker's pushes
+    assert order.index(1, order.index(1) + 1) == len(order) - 1
+    assert order.count(0) == FAST_STEPS and order.count(1) == 2
+    # each worker's updates arrived in its own order, whole
+    assert [u for w, u in dense if w == 0] == [update_of(0, i).tolist() for i in range(FAST_STEPS)]
+    # every reply is the weights right after that update; the final weights equal the
+    # sequential application of all updates in the server's order
+    w = torch.zeros(DIM, dtype=torch.float64)
+    after: dict[int, list] = {0: [], 1: []}
+    for worker, u in dense:
+        w.add_(torch.tensor(u, dtype=torch.float64), alpha=-LR)
+        after[worker].append(w.clone())
+    for got, want in zip(res[0]["replies"], after[0]):
+        assert torch.equal(tensor(got), want)
+
+
+def test_sparse_push_and_reply_round_trip():
+    res = ps_results()
+    for rank in (0, 1):
+        kind, indices, numel = res[rank]["sparse_reply"]
+        assert (kind, indices, numel) == ("SparseMessage", [rank, 5], DIM)
+        assert res[rank]["empty_reply_nnz"] == 0
+    final = tensor(res[2]["w"])
+    for rank in (0, 1):
+        torch.testing.assert_close(tensor(res[rank]["pull"]), final)   # pulled after every push
+    stats = res[2]["stats"]
+    assert stats.requests == {"pull": 2, "push_pull": 2 * 2 + FAST_STEPS + 2,
+                              "sum": 2 * (len(SUM_CASES) + 1), "bye": 2}
+    assert stats.sum_rounds == len(SUM_CASES) + 1
+    assert stats.bytes_sent == sum(s for s, _ in res[2]["bytes"].values())
+    assert stats.bytes_recv == sum(r for _, r in res[2]["bytes"].values())
+
+
+# -- malformed headers ------------------------------------------------------------------------
+BAD_CASES = ("magic_version", "op", "dtype", "nnz", "seq")
+
+
+def _bad_header_ranks(rank: int, world_size: int):
+    """Rank 0 sends hand-made bad headers; rank 1 serves them, one server per case."""
+    import torch.distributed as dist
+    from hetsync.comm import ParameterServer, ProtocolError, wire
+    from hetsync.comm.ps import TAG_REPLY, TAG_REQUEST
+    from hetsync.comm.wire import Field, Header, Kind, Op
+
+    if rank == 1:
+        refused = []
+        for _ in BAD_CASES:
+            try:
+                ParameterServer([0], timeout=30).serve()
+                refused.append(None)
+            except ProtocolError as err:
+                refused.append((err.peer, err.field, str(err)))
+        return refused
+    replies = []
+    for field in BAD_CASES:
+        raw = Header(op=Op.PUSH_PULL, sender=0, seq=0, kind=Kind.DENSE, dtype=1, numel=4,
+                     nnz=4).encode()
+        if field == "magic_version":
+            raw[Field.MAGIC_VERSION] = 0xDEADBEEF
+        elif field == "op":
+            raw[Field.OP] = 99
+        elif field == "dtype":
+            raw[Field.DTYPE] = 42
+        elif field == "nnz":
+            raw[Field.NNZ] = 5          # sizes inconsistent: dense with nnz != numel
+        else:
+            raw[Field.SEQ] = 3          # out of sequence (expected 0)
+        reply = torch.empty(wire.HEADER_LEN, dtype=torch.int64)
+        dist.send(raw, 1, tag=TAG_REQUEST)
+        dist.recv(reply, 1, tag=TAG_REPLY)
+        h = wire.decode(reply, 1, expect=(Op.ERROR,))
+        replies.append((h.status, Field(h.detail).name.lower()))
+    return replies
+
+
+def test_malformed_header_is_refused_naming_sender_and_field():
+    from hetsync.comm.wire import Status
+    replies, refused = run_ranks(_bad_header_ranks, 2, timeout=60)
+    for field, (peer, got_field, message), (status, detail) in zip(BAD_CASES, refused, replies):
+        assert (peer, got_field) == (0, field)
+        assert "rank 0" in message and f"'{field}'" in message
+        assert (status, detail) == (Status.BAD_HEADER, field)
