@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import traceback
@@ -38,7 +39,9 @@ def _entry(fn, rank, world_size, port, pg_timeout, args, results):
             timeout=datetime.timedelta(seconds=pg_timeout),
         )
         value = fn(rank, world_size, *args)
-        results.put((rank, True, value))
+        # Plain pickle copies tensors by value; the queue's own reducer would share them by file
+        # descriptor, which dies with this process.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # report every failure, KeyboardInterrupt included
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -87,6 +90,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
                 if not allow_failures:
                     raise RuntimeError(f"rank {rank} failed:\n{value}")
                 value = RuntimeError(value)
+            else:
+                value = pickle.loads(value)
             out[rank] = value
     finally:
         for p in procs:

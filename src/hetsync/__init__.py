@@ -5,3 +5,10 @@ schemes it is measured against, over torch.distributed.
 """
 
 __version__ = "0.1.0"
+
+
+def wrap(optimizer, model, mode: str = "esync", **kwargs):
+    """Wrap `optimizer` so that `step()` runs `mode`; see `hetsync.wrap.DistributedOptimizer`."""
+    from hetsync.wrap import wrap as _wrap
+
+    return _wrap(optimizer, model, mode, **kwargs)

@@ -84,9 +84,6 @@ class AsynchronousSGD(Algorithm):
         self.round += 1
         return None
 
-    def finish(self) -> None:
-        self.comm.ps_client.close()
-
     @property
     def lr(self) -> float:
         return self.server_lr  # the step is taken on the server

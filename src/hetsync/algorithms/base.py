@@ -110,7 +110,9 @@ class Algorithm:
         raise NotImplementedError
 
     def finish(self) -> None:
-        """Called once after the last round (say goodbye to servers)."""
+        """Called once after the last round: say goodbye to the parameter server, if any."""
+        if self.comm.ps_client is not None:
+            self.comm.ps_client.close()
 
     @property
     def lr(self) -> float:

@@ -85,7 +85,7 @@ class TrainingLoop:
         if self.rank != 0:
             return Proposal(samples, False, False)
         cfg, train_time = self.cfg, st.train_time(now)
-        seen = st.samples_seen + samples * (1 if self.algo.collective_control else 0)
+        seen = st.samples_seen + samples  # this round's own samples are not counted yet
         stop = ((cfg.time_budget is not None and train_time >= cfg.time_budget)
                 or (cfg.epochs is not None and seen >= cfg.epochs * self.train_size)
                 or (cfg.target_acc is not None and st.last_acc >= cfg.target_acc))

@@ -119,12 +119,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                        else torch.device("cpu"))
     state_client = None
     if cfg.needs_ps:
-        from hetsync.comm import PSClient
+        from hetsync.comm import PSClient, connect
 
-        comm.ps_client = PSClient(world - 1)
-        if cfg.collective == "ps":
-            from hetsync.comm import connect
-            connect(comm.ps_client)
+        # `connect` also makes it the client that all_reduce(..., "ps") uses.
+        comm.ps_client = connect(world - 1) if cfg.collective == "ps" else PSClient(world - 1)
     if cfg.effective_mode == "esync":
         from hetsync.state import StateClient
 
@@ -149,8 +147,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                             barrier=comm.wait_for_peers, progress=progress,
                             device_name=device_label(device))
         loop.evaluate_initial(0.0)
-        if world > 1:
-            dist.barrier()  # everyone starts the clock together (no synchronised clocks needed)
+        if world > 1:  # the workers start their clocks together (no synchronised clocks needed)
+            dist.barrier(group=group)
         t0 = time.perf_counter()
         start_time = time.time()
         if rank == 0:

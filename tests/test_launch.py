@@ -1,0 +1,152 @@
+"""End to end: `hetsync launch` and `hetsync worker` as a user runs them (real processes)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetsync.config import Config
+from hetsync.runtime.launcher import LaunchError, launch
+from hetsync.telemetry.summarize import summarize
+
+SMALL = dict(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
+             epochs=None, eval_interval=1.0, timeout=30.0)
+
+
+def _records(run_dir: Path, rank: int) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "esync", "async", "dcasgd"])
+def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
+    cfg = Config(mode=mode, log_dir=str(tmp_path), time_budget=3.0, **SMALL)
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    for name in ("run.json", "worker-0.jsonl", "worker-1.jsonl", "eval.jsonl", "summary.json"):
+        assert (run_dir / name).exists(), name
+    s = summarize(run_dir)
+    assert s["complete"] and s["mode"] == mode
+    assert s["final_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    for rank in (0, 1):
+        losses = [r["loss"] for r in _records(run_dir, rank)]
+        assert sum(losses[-5:]) / 5 < 0.5 * losses[0], (rank, losses[0], losses[-5:])
+    if mode in ("async", "dcasgd"):
+        assert (run_dir / "ps.jsonl").exists()
+    if mode == "esync":
+        assert json.loads((run_dir / "state-server.json").read_text())["requests"] > 0
+
+
+@pytest.mark.slow
+def test_esync_fast_worker_fills_the_slow_workers_step(tmp_path):
+    # Worker 1 is 4x slower: per round it does one step, worker 0 about four.
+    cfg = Config(mode="esync", log_dir=str(tmp_path), time_budget=6.0,
+                 **{**SMALL, "network": "lenet", "slowdowns": (1.0, 4.0)})
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    fast, slow = _records(run_dir, 0)[1:], _records(run_dir, 1)[1:]  # skip the warm-up round
+    assert all(r["local_steps"] == 1 for r in slow)
+    ratio = sum(r["local_steps"] for r in fast) / len(fast)
+    assert 2.5 <= ratio <= 5.0, ratio
+
+
+def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmd and b"worker" in cmd and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_path):
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--dataset", "synthetic",
+         "-n", "mlp", "--workers", "3", "--slowdowns", "1,1,1", "--time-budget", "60",
+         "--epochs", "none", "-ld", str(tmp_path), "--run-name", "killed", "--quiet",
+         "--no-figures", "--timeout", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run_dir / "worker-1.jsonl").exists() or _pid_of_rank(run_dir, 1) is None:
+        assert time.monotonic() < deadline, "the run did not start"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.kill(_pid_of_rank(run_dir, 1), signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "rank-1 exited with code -9" in err
+    assert time.monotonic() - killed_at < 30
+    assert all(_pid_of_rank(run_dir, r) is None for r in range(3))
+    # What was written before the crash still reads: every record line is whole JSON.
+    for rank in (0, 2):
+        _records(run_dir, rank)
+
+
+def _hetsync(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hetsync", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.slow
+def test_sequential_worker_writes_a_complete_run_directory(tmp_path):
+    r = _hetsync("worker", "-m", "local", "-n", "lenet", "--dataset", "synthetic", "--epochs",
+                 "1", "-ld", str(tmp_path), "--run-name", "seq", "--eval-interval", "1")
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "seq"
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["mode"] == "local" and run["world_size"] == 1 and run["ranks"][0]["device"] == "cpu"
+    evals = [json.loads(l) for l in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[0]["round"] == 0 and evals[-1]["test_acc"] > 0.5
+    assert all(e["train_time"] <= e["t"] for e in evals)  # evaluation time is not training time
+    samples = sum(r["samples"] for r in _records(run_dir, 0))
+    assert samples == 94 * 64  # the first whole batch past one epoch (6000 samples) stops it
+    assert (run_dir / "summary.json").exists()
+    assert (run_dir / "figures" / "accuracy.png").exists()
+    assert "final accuracy" in r.stdout and "test acc" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-l", "-0.1"], "-l/--learning-rate: invalid value -0.1"),
+    (["-n", "vgg99"], "-n/--network: invalid value 'vgg99'; expected one of mlp, lenet"),
+    (["-m", "hogwild"], "-m/--mode: invalid value 'hogwild'; expected one of local"),
+    (["-b", "0"], "-b/--batch-size: invalid value 0"),
+    (["-dd", "/nonexistent/data"], "-dd/--data-dir: invalid value '/nonexistent/data'"),
+    (["--collective", "mesh"], "--collective: invalid value 'mesh'"),
+    (["--slowdowns", "1,0.5"], "--slowdowns"),
+])
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path, args, needle):
+    r = _hetsync("launch", "--workers", "2", *args, "-ld", str(tmp_path))
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_data_names_the_places_tried(tmp_path, monkeypatch):
+    env = {**os.environ, "HETSYNC_DATA": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c",
+                        "import hetsync.data.locate as l; l.SYSTEM_DIRS[\"fashion-mnist\"] = ();"
+                        "from hetsync.cli import main; raise SystemExit(main())",
+                        "worker", "-m", "local", "-dd", str(tmp_path), "-ld", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert str(tmp_path) in r.stderr and "dataset-fashion-mnist" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_version_and_help_list_the_subcommands():
+    r = _hetsync("--version")
+    assert r.returncode == 0 and r.stdout.startswith("hetsync ")
+    r = _hetsync("--help")
+    for command in ("launch", "worker", "state-server", "summarize", "plot", "bench"):
+        assert command in r.stdout

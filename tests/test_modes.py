@@ -1,0 +1,208 @@
+"""The modes' aggregation on real gloo processes: what one round must produce."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distributed import run_ranks
+from hetsync.algorithms import CommContext, ESync, SynchronousSGD, build_server_rule
+from hetsync.algorithms.base import bn_statistics, flatten
+from hetsync.comm import ALGORITHMS
+
+LR = 0.1
+
+
+class SmallNet(torch.nn.Module):
+    """Conv + BatchNorm + linear: small, with running statistics to average."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _batch(rank: int, n: int = 8):
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _step(model, opt, rank):
+    x, y = _batch(rank)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def _esync_each_collective(rank, world, state_port):
+    from hetsync.comm import ParameterServer, connect
+    from hetsync.state import StateClient
+
+    workers = world - 1  # the last rank is the parameter server for the `ps` collective
+    group = dist.new_group(list(range(workers)))
+    if rank == workers:
+        ParameterServer(list(range(workers))).serve()
+        return None
+    client = StateClient("127.0.0.1", state_port)
+    ps = connect(workers)
+    out = {}
+    for collective in ALGORITHMS:
+        dist.barrier(group=group)
+        if rank == 0:
+            client.init(workers, 0.0)  # a fresh warm-up round: everyone aggregates after 1 step
+        dist.barrier(group=group)
+        torch.manual_seed(0)
+        model = SmallNet()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        algo = ESync(model, opt, CommContext(rank=rank, workers=workers, group=group,
+                                             collective=collective, ps_client=ps),
+                     state_client=client, global_lr=1.0)
+        algo.setup()
+        _step(model, opt, rank)
+        algo.local_step()
+        local = flatten(list(model.parameters())).clone()
+        stats = flatten(bn_statistics(model)).clone()
+        assert algo.wants_sync(0.01), "warm-up round must aggregate after one step"
+        algo.synchronize()
+        # What ESync must give with global_lr 1: the mean of the local models and statistics,
+        # computed here with torch.distributed's own all-reduce.
+        expected = torch.cat([local, stats])
+        dist.all_reduce(expected, group=group)
+        out[collective] = (torch.cat([flatten(list(model.parameters())),
+                                      flatten(bn_statistics(model))]), expected / workers)
+    ps.close()
+    client.close()
+    return out
+
+
+@pytest.mark.slow
+def test_esync_round_over_every_collective_is_the_mean_of_the_local_models():
+    from hetsync.state import StateServer
+
+    server = StateServer(workers=3, port=0).start()
+    try:
+        results = run_ranks(_esync_each_collective, 4, server.port, timeout=180)
+    finally:
+        server.stop()
+    for rank, out in enumerate(results[:3]):
+        for collective, (got, expected) in out.items():
+            torch.testing.assert_close(got, expected, msg=f"rank {rank}, {collective}")
+            torch.testing.assert_close(got, results[0]["native"][0],
+                                       msg=f"rank {rank}: {collective} differs from native")
+
+
+def _sync_step(rank, world):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring"))
+    algo.setup()
+    _step(model, opt, rank)
+    algo.synchronize()
+    # Reference: one process, one SGD step on the mean of every worker's mean gradient.
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    ref_opt.zero_grad()
+    loss = sum(torch.nn.functional.cross_entropy(ref(x), y)
+               for x, y in (_batch(r) for r in range(world))) / world
+    loss.backward()
+    ref_opt.step()
+    return flatten(list(model.parameters())), flatten(list(ref.parameters()))
+
+
+@pytest.mark.slow
+def test_sync_step_equals_sgd_on_the_mean_gradient_of_all_workers():
+    for got, expected in run_ranks(_sync_step, 3):
+        torch.testing.assert_close(got, expected)
+
+
+def _async_pushes(rank, world, mode):
+    from hetsync.algorithms import AsynchronousSGD
+    from hetsync.comm import ParameterServer, PSClient
+
+    workers = world - 1
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    if rank == workers:
+        rule = build_server_rule(mode, flatten(list(model.parameters())), LR, 0.04)
+        ParameterServer(list(range(workers)), rule).serve()
+        return rule.weights
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    algo = AsynchronousSGD(model, opt, CommContext(rank=rank, workers=workers,
+                                                   ps_client=PSClient(workers)), server_lr=LR)
+    algo.setup()
+    losses = []
+    x, y = _batch(rank, 64)
+    for _ in range(30):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        losses.append(float(loss))
+        algo.synchronize()
+    algo.finish()
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "dcasgd"])
+def test_async_modes_train_through_the_parameter_server(mode):
+    *losses, server_weights = run_ranks(_async_pushes, 3, mode)
+    for worker_losses in losses:
+        assert worker_losses[-1] < 0.5 * worker_losses[0]
+    assert torch.isfinite(server_weights).all()
+
+
+def test_dcasgd_compensates_with_the_distance_since_the_workers_pull():
+    w = torch.tensor([1.0, 2.0])
+    rule = build_server_rule("dcasgd", w, lr=0.5, dcasgd_lambda=0.1)
+    rule.pull(worker=0)            # worker 0 sees [1, 2]
+    rule.push(1, torch.tensor([2.0, 0.0]))  # worker 1 moves the model to [0, 2]
+    g = torch.tensor([1.0, 1.0])
+    after = rule.push(0, g)        # stale by one update
+    # g~ = g + λ g⊙g⊙(w_now − w_seen) = [1, 1] + 0.1·[1, 1]⊙[−1, 0] = [0.9, 1]
+    torch.testing.assert_close(after, torch.tensor([0.0 - 0.5 * 0.9, 2.0 - 0.5 * 1.0]))
+
+
+def test_asgd_applies_each_push_at_once():
+    rule = build_server_rule("async", torch.zeros(2), lr=0.1)
+    rule.push(0, torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(rule.push(1, torch.tensor([0.0, 2.0])), torch.tensor([-0.1, -0.2]))
+
+
+def test_unknown_server_rule_is_named():
+    with pytest.raises(ValueError, match="'sync'"):
+        build_server_rule("sync", torch.zeros(1), lr=0.1)
+
+
+def _wrapped(rank, world):
+    import hetsync
+
+    torch.manual_seed(rank)  # different starting points: wrap must make them equal
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=LR), model, mode="sync",
+                       collective="butterfly")
+    x, y = _batch(rank, 32)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    params = flatten(list(model.parameters()))
+    gathered = [torch.zeros_like(params) for _ in range(world)]
+    dist.all_gather(gathered, params)
+    return losses, gathered, opt.round
+
+
+@pytest.mark.slow
+def test_wrap_turns_a_users_loop_into_synchronous_sgd():
+    for losses, gathered, rounds in run_ranks(_wrapped, 2):
+        assert rounds == 21
+        assert losses[-1] < losses[0]
+        torch.testing.assert_close(gathered[0], gathered[1])  # identical models everywhere
