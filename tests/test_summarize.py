@@ -123,6 +123,16 @@ def test_throughput_and_utilisation(run_dir):
     assert s["complete"] is True and s["missing_workers"] == []
 
 
+def test_evaluation_pauses_of_every_worker_are_not_training_time(run_dir):
+    run = json.loads((run_dir / "run.json").read_text())
+    run["paused_s"] = 2.0  # every worker stood still 2 s for rank 0's evaluations
+    (run_dir / "run.json").write_text(json.dumps(run))
+    s = summarize(run_dir)
+    assert s["wall_s"] == 10.0 and s["paused_s"] == 2.0
+    assert s["throughput"] == pytest.approx(512 / 8.0)
+    assert s["traffic_Bps"] == pytest.approx(s["bytes_sent_total"] / 8.0)
+
+
 def test_traffic_counts_workers_ps_and_state_server(run_dir):
     s = summarize(run_dir)
     assert s["bytes_sent_workers"] == 8000

@@ -72,15 +72,15 @@ class CommContext:
             all_reduce(on_wire, algorithm=self.collective, group=self.group, timeout=self.timeout)
         return on_wire.to(buffer.device) if on_wire is not buffer else buffer
 
-    def wait_for_peers(self) -> None:
-        """A barrier over the workers, timed as `wait`: the time a fast worker idles for a slow
+    def wait_for_peers(self, phase: str = "wait") -> None:
+        """A barrier over the workers, timed as `phase`: the time a fast worker idles for a slow
         one, kept apart from the transfer that follows."""
         if self.workers == 1:
             return
         from hetsync.comm import all_reduce
 
         flag = torch.zeros(1, device=self.comm_device or "cpu")
-        with self.clock.phase("wait"):
+        with self.clock.phase(phase):
             all_reduce(flag, algorithm="native", group=self.group, timeout=self.timeout)
 
 

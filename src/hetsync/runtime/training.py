@@ -97,7 +97,8 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState, pause_everyone: bool) -> float:
-        """Rank 0 evaluates; in collective modes everyone waits for it. Returns seconds paused."""
+        """Rank 0 evaluates; in collective modes everyone waits for it. Returns seconds paused
+        (the barrier's time is evaluation, not waiting: the clock's `eval` phase is dropped)."""
         start = time.perf_counter()
         train_time = st.train_time(start)
         if self.rank == 0:

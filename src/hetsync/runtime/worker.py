@@ -144,7 +144,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         loop = TrainingLoop(cfg, algo, rank=rank, batches=batches, train_set=data.train,
                             test_set=data.test, device=device, recorder=recorder,
                             eval_recorder=eval_recorder, control=control,
-                            barrier=comm.wait_for_peers, progress=progress,
+                            barrier=lambda: comm.wait_for_peers(phase="eval"),
+                            progress=progress,
                             device_name=device_label(device))
         loop.evaluate_initial(0.0)
         if world > 1:  # the workers start their clocks together (no synchronised clocks needed)
@@ -157,9 +158,11 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         state = loop.run(t0)
         if rank == 0:
             wall = time.perf_counter() - t0
+            # paused_s: evaluation time during which every worker waited (collective modes)
             write_json_atomic(run_dir / "run.json", _run_info(
                 cfg, name, world, ranks, start_time, end_time=start_time + wall, wall_s=wall,
-                train_time=state.train_time(time.perf_counter())))
+                train_time=state.train_time(time.perf_counter()),
+                paused_s=state.eval_total if algo.collective_control else 0.0))
     if eval_recorder is not None:
         eval_recorder.close()
     if state_client is not None:

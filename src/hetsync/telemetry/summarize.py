@@ -148,6 +148,8 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
     """The summary of one run (the content of ``summary.json``); see :func:`summarize`."""
     run, config = log.run, log.config
     wall = run_wall_time(run, log.workers, log.evals)
+    # Evaluation pauses that stopped every worker (collective modes) are not training time.
+    train_wall = wall - float(run.get("paused_s") or 0.0)
     per_worker = []
     for rank in sorted(log.workers):
         info = log.rank_info(rank)
@@ -159,7 +161,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
             **worker_stats(log.workers[rank]),
         })
     samples = sum(w["samples"] for w in per_worker)
-    throughput = _ratio(samples, wall)
+    throughput = _ratio(samples, train_wall)
     isolated = [w["isolated_throughput"] for w in per_worker if w["isolated_throughput"] is not None]
     limit = float(sum(isolated)) if isolated else None
     declared = [int(r["rank"]) for r in run.get("ranks") or []  # workers, not the parameter server
@@ -186,7 +188,8 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
         "throughput": throughput,
         "throughput_limit": limit,
         "utilisation": _ratio(throughput, limit) if throughput is not None and limit else None,
-        **traffic(log.workers, log.ps, log.state_server, wall),
+        "paused_s": wall - train_wall,
+        **traffic(log.workers, log.ps, log.state_server, train_wall),
         "evaluations": len(evals),
         "time_to_accuracy": time_to_accuracy(evals, targets),
         "final_accuracy": float(evals[-1]["test_acc"]) if evals else None,
@@ -203,7 +206,9 @@ def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -
     Keys: ``run_name, mode, workers, slowdowns, lr, batch_size, network, collective`` (from
     run.json/config; ``slowdowns`` is per worker, 1 where the config's list is short); ``complete`` (run.json has ``end_time``); ``wall_s`` (see
     :func:`run_wall_time`); ``rounds`` (max round number); ``samples`` (Σ over workers);
-    ``throughput`` = samples ÷ wall_s; ``throughput_limit`` = Σ workers' isolated throughput;
+    ``throughput`` = samples ÷ (wall_s − paused_s), where ``paused_s`` (run.json) is the time
+    every worker stood still for an evaluation (collective modes; traffic uses the same
+    denominator); ``throughput_limit`` = Σ workers' isolated throughput;
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
     ``evaluations``; ``time_to_accuracy`` (:func:`time_to_accuracy`); ``final_accuracy`` and
     ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (worker ranks in
