@@ -53,6 +53,9 @@ def _tail(path: Path, lines: int = 25) -> str:
 class Cluster:
     """The child processes of one local run."""
 
+    #: The module every child runs as `python -m MODULE ARGS...` (a subclass may start another).
+    module = "hetsync"
+
     def __init__(self, cfg: Config, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
         self.logs = run_dir / "logs"
@@ -62,7 +65,7 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "hetsync", *args], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", self.module, *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                 start_new_session=True)
