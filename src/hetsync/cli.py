@@ -131,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", "-port", type=int, default=10010)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--epsilon", type=float, default=0.05,
-                   help="readiness margin as a fraction of the caller's step time")
+    p.add_argument("--epsilon", type=float, default=-0.2,
+                   help="readiness margin as a fraction of the caller's step time (the first "
+                        "worker's /init overrides it)")
     p.set_defaults(func=cmd_state_server)
 
     p = sub.add_parser("summarize", help="compute a run's figures into summary.json")

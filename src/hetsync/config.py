@@ -76,8 +76,9 @@ class Config:
                           "help": "ESync state server address"})
     state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
                             "help": "ESync state server port"})
-    epsilon: float = field(default=0.05, metadata={"flags": ("--epsilon",),
-                           "help": "ESync readiness margin, as a fraction of the caller's step time"})
+    epsilon: float = field(default=-0.2, metadata={"flags": ("--epsilon",),
+                           "help": "ESync readiness margin ε, a fraction of the caller's step "
+                                   "time: stop when c(1+ε) > the slowest's time left"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),
@@ -161,8 +162,8 @@ class Config:
             raise bad("eval_every", "an integer >= 0 (0: use --eval-interval)")
         if self.eval_interval <= 0:
             raise bad("eval_interval", "a number of seconds > 0")
-        if not 0 <= self.epsilon < 1:
-            raise bad("epsilon", "a fraction in [0, 1)")
+        if not -1 < self.epsilon < 1:
+            raise bad("epsilon", "a fraction in (-1, 1)")
         if self.workers < 1:
             raise bad("workers", "an integer >= 1")
         if self.mode == "local" and self.workers != 1:

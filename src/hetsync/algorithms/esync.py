@@ -3,7 +3,7 @@
 Per round, on every worker:
 
 1. local SGD steps with the local learning rate (`-ll`); after its first step the worker reports
-   its step time to the state server, which answers with the time left until the slowest worker
+   its step time (an EWMA over its recent steps) to the state server, which answers with the time left until the slowest worker
    finishes its one step (`hetsync.state.policy`: one query per round); before each further step
    the worker checks, on its own clock, that one more step still fits in that time;
 2. when those steps are done, wait for every worker (barrier, timed as `wait`);
@@ -29,6 +29,7 @@ from hetsync.state.policy import would_overrun
 
 class ESync(Algorithm):
     name = "esync"
+    SMOOTHING = 0.5  # weight of the newest step in the step-time estimate (an EWMA)
 
     def __init__(self, model, optimizer, comm, *, state_client, global_lr: float = 1.0,
                  device_name: str = ""):
@@ -39,6 +40,7 @@ class ESync(Algorithm):
         self.local_steps = 0
         self._deadline: float | None = None  # local clock: when the slowest should finish
         self._epsilon = 0.0
+        self.step_time: float | None = None  # smoothed: one slow step is not the new normal
         self._global: torch.Tensor | None = None
 
     def setup(self) -> None:
@@ -50,16 +52,19 @@ class ESync(Algorithm):
         self.local_steps += 1
 
     def wants_sync(self, step_time: float) -> bool:
+        c = step_time if self.step_time is None else (
+            self.SMOOTHING * step_time + (1 - self.SMOOTHING) * self.step_time)
+        self.step_time = c
         if self._deadline is None:
             asked = time.perf_counter()
             with self.comm.clock.phase("query"):
                 decision = self.state.report(self.comm.rank, self.round, self.local_steps,
-                                             max(step_time, 1e-6), self.device_name)
+                                             max(c, 1e-6), self.device_name)
             if decision.ready or decision.time_left is None:
                 return True
             # `time_left` was measured when the server got the report: at the latest, now.
             self._deadline, self._epsilon = asked + decision.time_left, decision.epsilon
-        return would_overrun(step_time, self._deadline - time.perf_counter(), self._epsilon)
+        return would_overrun(c, self._deadline - time.perf_counter(), self._epsilon)
 
     def synchronize(self, control: torch.Tensor | None = None) -> torch.Tensor | None:
         params, stats = self.parameters(), bn_statistics(self.model)

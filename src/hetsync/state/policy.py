@@ -23,7 +23,10 @@ Two departures from the original, both required by DESIGN.md:
   before each further step, with its own latest step duration and the time elapsed since the
   answer, both measured on its own clock — so a step that slows down mid-round (a busy machine)
   does not make it overrun. ε = `epsilon` × c_caller scales with the step time (the original's
-  fixed 0.5 s is far too coarse for a 10 ms step).
+  fixed 0.5 s is far too coarse for a 10 ms step). ε > 0 is ESync's safety margin (stop early);
+  ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller. At an exact fit (speeds
+  1, 2, 4, 8) stopping early idles the caller for a whole step while a small overrun delays the
+  others by a fraction of one, so hetsync's default is slightly negative.
 
 In the very first round no step time is known, so every worker aggregates after one step (a
 synchronous warm-up round that measures `c`).
@@ -33,6 +36,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+#: ε as a fraction of the caller's step time (see the module docstring for the sign).
+DEFAULT_EPSILON = -0.2
 
 
 @dataclass
@@ -115,7 +121,7 @@ class ReadinessTracker:
     """The state server's records and round bookkeeping; the clock is passed in (testable)."""
 
     workers: int
-    epsilon: float = 0.05
+    epsilon: float = DEFAULT_EPSILON
     round: int = 0
     round_started: float | None = None
     records: dict[int, WorkerRecord] = field(default_factory=dict)
@@ -123,8 +129,8 @@ class ReadinessTracker:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if not 0 <= self.epsilon < 1:
-            raise ValueError(f"epsilon must be a fraction in [0, 1), got {self.epsilon}")
+        if not -1 < self.epsilon < 1:
+            raise ValueError(f"epsilon must be a fraction in (-1, 1), got {self.epsilon}")
         self.records = {r: WorkerRecord(rank=r) for r in range(self.workers)}
 
     def report(self, rank: int, round: int, steps: int, step_time: float, now: float,

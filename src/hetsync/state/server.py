@@ -2,7 +2,7 @@
 
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
-- `POST /init`   `{"workers": N, "epsilon": 0.05}` → `{"ok": true}`; starts afresh.
+- `POST /init`   `{"workers": N, "epsilon": -0.2}` → `{"ok": true}`; starts afresh.
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float,
   "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`).
@@ -26,7 +26,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from hetsync.state.policy import ReadinessTracker
+from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
 
 DEFAULT_PORT = 10010
 
@@ -52,7 +52,7 @@ def _field(body: dict, name: str, kind: type, *, minimum: float | None = None,
     return float(value) if kind is float else value
 
 
-def create_app(workers: int, epsilon: float = 0.05, clock=time.monotonic) -> Flask:
+def create_app(workers: int, epsilon: float = DEFAULT_EPSILON, clock=time.monotonic) -> Flask:
     """The Flask app; the tracker's times come from `clock` (the server's own)."""
     app = Flask("hetsync-state-server")
     lock = threading.Lock()
@@ -85,9 +85,9 @@ def create_app(workers: int, epsilon: float = 0.05, clock=time.monotonic) -> Fla
     def init():
         data = body()
         n = _field(data, "workers", int, minimum=1)
-        eps = _field(data, "epsilon", float, minimum=0.0, required=False, default=epsilon)
-        if eps >= 1:
-            raise BadRequest(f"field 'epsilon' must be a fraction < 1, got {eps}")
+        eps = _field(data, "epsilon", float, required=False, default=epsilon)
+        if not -1 < eps < 1:
+            raise BadRequest(f"field 'epsilon' must be a fraction in (-1, 1), got {eps}")
         with lock:
             state["tracker"] = ReadinessTracker(n, eps)
         return jsonify(ok=True)
@@ -165,7 +165,7 @@ class _KeepAliveHandler(WSGIRequestHandler):
 class StateServer:
     """The service on a background thread (tests, `launch`) or in the foreground (CLI)."""
 
-    def __init__(self, workers: int, epsilon: float = 0.05, host: str = "127.0.0.1",
+    def __init__(self, workers: int, epsilon: float = DEFAULT_EPSILON, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT):
         self.app = create_app(workers, epsilon)
         self._server = make_server(host, port, self.app, threaded=True,
