@@ -93,6 +93,29 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         _records(run_dir, rank)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_launcher_leaves_no_process_behind(tmp_path, how):
+    run_dir = tmp_path / "stopped"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync", "--dataset", "synthetic",
+         "-n", "mlp", "--workers", "2", "--slowdowns", "1,2", "--time-budget", "60",
+         "-ld", str(tmp_path), "--run-name", "stopped", "--quiet", "--no-figures"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (run_dir / "worker-1.jsonl").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(how)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(_pid_of_rank(run_dir, r) is not None for r in range(2)):
+        assert time.monotonic() < deadline, "a worker outlived the launcher"
+        time.sleep(0.2)
+    if how != signal.SIGKILL:
+        assert proc.returncode == 130
+
+
 def _hetsync(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "hetsync", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=300)

@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     from hetsync.data import DataFormatError, DataNotFoundError
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"] and any(a in ("-h", "--help") for a in argv[1:2]):
-        argv = ["bench", "modes", "--help"]
+    if argv[:1] == ["bench"] and argv[1:2] not in (["modes"], ["comm"]):
+        argv = ["bench", "modes", *argv[1:]]  # `hetsync bench --modes ...` means the modes bench
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

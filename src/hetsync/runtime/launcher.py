@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,25 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
+def _die_with_parent() -> None:
+    """In a child, before exec: ask Linux to SIGTERM us when the launcher dies, so that even a
+    killed launcher leaves no worker behind (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the launcher: shut down as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -68,7 +88,7 @@ class Cluster:
         proc = subprocess.Popen([sys.executable, "-m", self.module, *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.procs[name] = proc
         return proc
@@ -171,6 +191,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     cluster = Cluster(cfg, run_dir)
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         if cfg.effective_mode == "esync":
             cluster.start_state_server()
@@ -192,10 +214,12 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         stats = cluster.state_server_stats()
         if stats is not None:
             write_json_atomic(run_dir / "state-server.json", stats)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         interrupted = True
         print("\ninterrupted: stopping every process of the run", file=stream)
     finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
         progress.close()
         cluster.stop()
     if interrupted:
