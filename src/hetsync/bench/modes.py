@@ -1,0 +1,400 @@
+"""`hetsync bench`: every mode side by side on one emulated cluster, PyTorch's own beside them.
+
+For each of `--modes` (hetsync, through :func:`hetsync.runtime.launcher.launch`) and each of
+`--baselines` (PyTorch's DDP and post-local SGD, :mod:`hetsync.bench.peers`), one after
+another:
+
+1. the same cluster (`--workers`, `--slowdowns`), model, data set, partition, seed and
+   stopping rule (`--time-budget` seconds of training time, or `--epochs` of data) for every
+   run; `local` is the sequential reference: one worker, no slowdown, the same budget;
+2. a fair learning rate (:mod:`hetsync.bench.lr`): linear scaling by default, or the best of a
+   short sweep per mode with `--lr-sweep`;
+3. a progress line per run (k of n, how far, last accuracy);
+4. at the end, every run directory is summarised, the figures are drawn together
+   (:func:`hetsync.telemetry.plots.plot_runs`, `local` dashed as sequential SGD) into
+   `RESULTS_DIR/bench-NAME/`, and the comparison table is printed and written to
+   `RESULTS_DIR/bench-NAME.md` with the command and the machine, and to `bench-NAME.json`.
+
+Run directories go to `LOG_DIR/bench-NAME/LABEL` (sweeps under `.../sweep/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import math
+import os
+import shlex
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetsync.bench import results as res
+from hetsync.bench.lr import LrChoice, best_of_sweep, config_overrides, linear_scaling
+from hetsync.bench.peers import BASELINES, PeerOptions
+from hetsync.bench.progress import RunProgress
+from hetsync.config import DATASETS, MODES, Config, ConfigError
+
+DEFAULT_MODES = ("local", "sync", "esync", "async", "dcasgd")
+DEFAULT_BASELINES = ("ddp", "localsgd")
+DEFAULT_TARGETS = (0.7, 0.8, 0.85)
+
+
+# ---------------------------------------------------------------------- flags
+def _names(valid: tuple[str, ...], allow_empty: bool):
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n.strip() for n in text.split(",") if n.strip())
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad))}; expected a comma-separated list of "
+                f"{', '.join(valid)}")
+        if not names and not allow_empty:
+            raise argparse.ArgumentTypeError("expected at least one name")
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"{text!r} names a run twice")
+        return names
+    return parse
+
+
+def _floats(low: float, high: float = math.inf, what: str = "numbers"):
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            values = tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}") from None
+        if not values or any(not (math.isfinite(v) and low < v <= high) for v in values):
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what} in ({low:g}, {high:g}], got {text!r}")
+        return values
+    return parse
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an accuracy, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hetsync bench",
+        description="Run every mode, and PyTorch's DDP and local SGD, on the same emulated "
+        "cluster one after another; compare time-to-accuracy, speedup over sync, accuracy, "
+        "throughput, utilisation and traffic.")
+    a = p.add_argument
+    a("--modes", type=_names(MODES, allow_empty=True), default=DEFAULT_MODES,
+      help=f"hetsync modes to run (default: {','.join(DEFAULT_MODES)})")
+    a("--baselines", type=_names(BASELINES, allow_empty=True), default=DEFAULT_BASELINES,
+      help=f"PyTorch baselines to run; '' for none (default: {','.join(DEFAULT_BASELINES)})")
+    a("--workers", type=_positive(int), default=4, help="workers per run (default: 4)")
+    a("--slowdowns", type=_floats(0.0, what="factors >= 1"), default=None,
+      help="F1,F2,...: worker i runs Fi times slower (default: 1,2,4,... one per worker)")
+    a("-n", "--network", default="lenet", help="model (default: lenet)")
+    a("--dataset", default="fashion-mnist", choices=DATASETS,
+      help="data set (default: fashion-mnist)")
+    a("-dd", "--data-dir", default=None, help="data directory (default: the search order)")
+    a("-b", "--batch-size", type=_positive(int), default=64,
+      help="mini-batch per worker (default: 64)")
+    a("--time-budget", type=_positive(float), default=None,
+      help="seconds of training time per run (default: 60 unless --epochs)")
+    a("--epochs", type=_positive(float), default=None,
+      help="instead of a time budget: epochs of data per run (all workers together)")
+    a("--targets", type=_floats(0.0, 1.0, "accuracies"), default=DEFAULT_TARGETS,
+      help=f"accuracies for time-to-accuracy (default: {','.join(map(str, DEFAULT_TARGETS))})")
+    a("--speedup-at", type=_fraction, default=0.8,
+      help="accuracy at which speedup over sync is shown and plotted (default: 0.8)")
+    a("-l", "--lr", type=_positive(float), default=0.05,
+      help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
+    a("--lr-sweep", type=_floats(0.0, what="learning rates"), default=None,
+      help="rates to try per mode for --sweep-budget s each; the best is used")
+    a("--sweep-budget", type=_positive(float), default=20.0,
+      help="seconds of training time per sweep run (default: 20)")
+    a("--collective", default="native",
+      choices=("native", "ring", "butterfly", "binary-blocks", "ps"),
+      help="aggregation of sync and esync (default: native)")
+    a("--eval-interval", type=_positive(float), default=2.0,
+      help="evaluate every S seconds of training time (default: 2)")
+    a("--localsgd-period", type=_positive(int), default=8,
+      help="local SGD: steps between model averages, K (default: 8)")
+    a("--localsgd-warmup", type=_non_negative_int, default=0,
+      help="local SGD: steps of DDP gradient averaging first (default: 0)")
+    a("--threads", type=_positive(int), default=1, help="torch threads per worker (default: 1)")
+    a("--timeout", type=_positive(float), default=120.0,
+      help="seconds before a silent peer is declared dead (default: 120)")
+    a("--seed", type=_non_negative_int, default=0, help="random seed (default: 0)")
+    a("--name", default=None, help="name of this bench (default: the date and time)")
+    a("-ld", "--log-dir", default="runs", help="where run directories go (default: runs)")
+    a("--results-dir", default="results",
+      help="where the table, JSON and figures go (default: results)")
+    a("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+# ---------------------------------------------------------------------- the plan
+@dataclass
+class Run:
+    label: str
+    kind: str                  # "mode" or "baseline"
+    choice: LrChoice
+    cfg: Config
+    opts: PeerOptions | None = None
+
+
+def _check(args) -> None:
+    """Cross-flag checks; ConfigError names the flag."""
+    if not args.modes and not args.baselines:
+        raise ConfigError("--modes/--baselines: nothing to run (both are empty)")
+    if args.epochs is not None and args.time_budget is not None:
+        raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
+                          "or of time for every run)")
+    if args.slowdowns is not None and len(args.slowdowns) != args.workers:
+        raise ConfigError(f"--slowdowns: {len(args.slowdowns)} factors for --workers "
+                          f"{args.workers}; give one per worker")
+    if args.slowdowns is not None and any(f < 1 for f in args.slowdowns):
+        raise ConfigError(f"--slowdowns: factors must be >= 1, got {args.slowdowns}")
+    if args.name is not None and (not args.name or "/" in args.name or args.name in (".", "..")):
+        raise ConfigError(f"--name: invalid value {args.name!r}; expected a plain file name")
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise ConfigError(f"-dd/--data-dir: {args.data_dir} is not a directory")
+
+
+def base_config(args, log_dir: Path) -> Config:
+    slowdowns = args.slowdowns or tuple(float(2 ** i) for i in range(args.workers))
+    time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
+    return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
+                  batch_size=args.batch_size, workers=args.workers, slowdowns=slowdowns,
+                  collective=args.collective, seed=args.seed, threads=args.threads,
+                  timeout=args.timeout, eval_interval=args.eval_interval,
+                  time_budget=time_budget,
+                  epochs=args.epochs, log_dir=str(log_dir), lr=args.lr)
+
+
+def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run:
+    kind = "baseline" if label in BASELINES else "mode"
+    fields = dict(run_name=label, **config_overrides(label, choice.lr), **changes)
+    if kind == "mode":
+        fields["mode"] = label
+    if label == "local":  # the sequential reference: one worker at full speed
+        fields.update(workers=1, slowdowns=())
+    cfg = dataclasses.replace(base, **fields)
+    opts = None
+    if kind == "baseline":
+        from hetsync.bench.peer_launch import peer_config
+
+        opts = PeerOptions(label, args.localsgd_period, args.localsgd_warmup).validate()
+        peer_config(cfg).validate()
+    else:
+        cfg.validate()
+    return Run(label, kind, choice, cfg, opts)
+
+
+def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
+            stream=sys.stdout, label: str | None = None) -> res.RunResult:
+    """Run one plan entry; a failed run is returned with its error (the bench goes on)."""
+    from hetsync.runtime.launcher import LaunchError, launch
+    from hetsync.telemetry.summarize import summarize
+
+    result = res.RunResult(run.label, run.kind, run.choice.lr, run.choice.how)
+    run_dir = Path(run.cfg.log_dir) / run.cfg.run_name
+    progress = RunProgress(run_dir, label or run.label, k, n, run.cfg.workers,
+                           time_budget=run.cfg.time_budget, epochs=run.cfg.epochs,
+                           train_size=train_size, stream=stream, enabled=not quiet)
+    try:
+        with progress:
+            if run.kind == "mode":
+                launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO())
+            else:
+                from hetsync.bench.peer_launch import launch_peer
+
+                launch_peer(run.cfg, run.opts)
+    except LaunchError as err:
+        result.error = str(err)
+        print(f"[{k}/{n}] {label or run.label}: FAILED: {str(err).splitlines()[0]}",
+              file=stream, flush=True)
+        return result
+    result.run_dir = run_dir
+    result.summary = summarize(run_dir)
+    return result
+
+
+def run_sweep(args, base: Config, labels: list[str], root: Path, train_size, stream) -> dict:
+    """{label: LrChoice}: each label trained `--sweep-budget` s at each rate of `--lr-sweep`."""
+    rates = args.lr_sweep
+    total = len(labels) * len(rates)
+    sweep_base = dataclasses.replace(base, log_dir=str(root / "sweep"),
+                                     time_budget=args.sweep_budget, epochs=None)
+    choices, k = {}, 0
+    for label in labels:
+        accuracies = {}
+        for lr in rates:
+            k += 1
+            run = make_run(args, sweep_base, label, LrChoice(lr, "sweep"),
+                           run_name=f"{label}-lr{lr:g}")
+            out = execute(run, k, total, train_size=train_size, quiet=args.quiet,
+                          stream=stream, label=f"sweep {label} lr {lr:g}")
+            accuracies[lr] = out.summary["final_accuracy"] if out.summary else None
+        try:
+            choices[label] = best_of_sweep(accuracies)
+        except ValueError:
+            raise ConfigError(f"--lr-sweep: every rate failed for {label} "
+                              f"({', '.join(map(str, rates))}); see {root / 'sweep'}") from None
+        print(f"sweep {label}: lr {choices[label]}", file=stream, flush=True)
+    return choices
+
+
+# ---------------------------------------------------------------------- the bench
+def bench(args, argv: list[str], stream=sys.stdout) -> int:
+    from hetsync.data import load_dataset
+    from hetsync.telemetry.plots import plot_runs
+
+    _check(args)
+    name = args.name or time.strftime("%Y%m%d-%H%M%S")
+    root = Path(args.log_dir) / f"bench-{name}"
+    if root.exists() and any(root.iterdir()):
+        raise ConfigError(f"--name {name}: {root} already exists and is not empty; "
+                          f"choose another name")
+    base = base_config(args, root)
+    speedup_at = args.speedup_at
+    targets = sorted(set(args.targets) | {speedup_at})
+    labels = list(args.modes) + list(args.baselines)
+    for label in labels:  # every config is valid before anything runs
+        make_run(args, base, label, linear_scaling(label, args.lr, base.workers))
+    train_size = len(load_dataset(args.dataset, args.data_dir, seed=args.seed).train)
+    load_before = os.getloadavg()
+    command = "hetsync bench " + shlex.join(argv)
+    print(f"{command}\nload average {res.load_text(load_before)} on {os.cpu_count()} CPUs; "
+          f"runs in {root}", file=stream, flush=True)
+
+    if args.lr_sweep:
+        choices = run_sweep(args, base, labels, root, train_size, stream)
+    else:
+        choices = {label: linear_scaling(label, args.lr, base.workers) for label in labels}
+    results = []
+    for k, label in enumerate(labels, 1):
+        out = execute(make_run(args, base, label, choices[label]), k, len(labels),
+                      train_size=train_size, quiet=args.quiet, stream=stream)
+        results.append(out)
+    load_after = os.getloadavg()
+
+    from hetsync.telemetry.summarize import summarize
+
+    for r in results:  # again, with every target (and the speedup one)
+        if r.summary is not None:
+            r.summary = summarize(r.run_dir, targets)
+    has_sync = res.compute_speedups(results, targets)
+
+    results_dir = Path(args.results_dir)
+    fig_dir = results_dir / f"bench-{name}"
+    notes = _notes(args, base, results, has_sync, speedup_at, load_before, load_after)
+    figures = []
+    done = [r for r in results if r.summary is not None]
+    local = next((r for r in done if r.label == "local"), None)
+    drawn = [r for r in done if r is not local]
+    if not drawn:  # only the sequential run: draw it as a run of its own
+        drawn, local = done, None
+    if drawn:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            figures = plot_runs([r.run_dir for r in drawn], fig_dir,
+                                labels=[r.label for r in drawn],
+                                sequential=local.run_dir if local else None, target=speedup_at)
+        notes += [f"figure skipped: {w.message}" for w in caught
+                  if "skip" in str(w.message).lower()]
+
+    headers, cells = res.rows(results, targets, speedup_at, train_size)
+    machine = {**res.machine_info(), "load average before": res.load_text(load_before),
+               "load average after": res.load_text(load_after)}
+    setup = _setup(args, base)
+    md = res.write_markdown(results_dir / f"bench-{name}.md", name=name, command=command,
+                            machine=machine, setup=setup, headers=headers, cells=cells,
+                            notes=notes, figures=figures)
+    js = res.write_json(results_dir / f"bench-{name}.json", {
+        "name": name, "command": command, "machine": machine, "setup": setup,
+        "targets": targets, "speedup_at": speedup_at, "speedup_baseline": "sync",
+        "runs": [res.result_doc(r) for r in results], "notes": notes,
+        "figures": [str(p) for p in figures]})
+    print("\n" + res.text_table(headers, cells), file=stream)
+    for note in notes:
+        print(f"  {note}", file=stream)
+    print(f"\ntable: {md}\njson:  {js}\nfigures: {fig_dir}", file=stream, flush=True)
+    return 0 if all(r.summary is not None for r in results) else 1
+
+
+def _setup(args, base: Config) -> dict:
+    budget = (f"{base.epochs:g} epochs of data" if base.epochs is not None
+              else f"{base.time_budget:g} s of training time")
+    return {"workers": base.workers,
+            "slowdowns": ",".join(f"{f:g}" for f in base.slowdowns),
+            "network": base.network, "dataset": base.dataset,
+            "batch per worker": base.batch_size, "budget per run": budget,
+            "evaluation every": f"{base.eval_interval:g} s", "collective": base.collective,
+            "seed": base.seed, "threads per worker": base.threads,
+            "local SGD": f"K={args.localsgd_period}, warm-up {args.localsgd_warmup} steps"}
+
+
+def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -> list[str]:
+    notes = ["tta = training time until the first evaluation with test accuracy >= target "
+             "(evaluation time excluded); — = not reached.",
+             (f"speedup = tta(sync) / tta(run) at {speedup_at:g}, same bench." if has_sync
+              else "no successful sync run: speedup not computed."),
+             "local = one worker, no slowdown (sequential SGD), same budget; drawn dashed in "
+             "accuracy.png.",
+             "ddp, localsgd = PyTorch's DistributedDataParallel and post-local SGD "
+             "(PostLocalSGDOptimizer + PeriodicModelAverager), hetsync.bench.peers; their "
+             "traffic is the theoretical ring all-reduce volume.",
+             ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
+              + ",".join(f"{x:g}" for x in args.lr_sweep) + " per mode."
+              if args.lr_sweep else
+              f"lr: linear scaling of base {args.lr:g}: sync, ddp x workers; esync and "
+              "localsgd: base as local rate (esync global 1); async, dcasgd, local: base."),
+             f"load average (1/5/15 min) {res.load_text(load_before)} before, "
+             f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
+    notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hetsync.data import DataFormatError, DataNotFoundError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return bench(args, argv)
+    except (ConfigError, DataNotFoundError, DataFormatError) as err:
+        print(f"hetsync bench: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
