@@ -220,8 +220,9 @@ def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run
 
 
 def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
-            stream=sys.stdout, label: str | None = None) -> res.RunResult:
+            stream=None, label: str | None = None) -> res.RunResult:
     """Run one plan entry; a failed run is returned with its error (the bench goes on)."""
+    stream = stream or sys.stdout
     from hetsync.runtime.launcher import LaunchError, launch
     from hetsync.telemetry.summarize import summarize
 
@@ -274,10 +275,12 @@ def run_sweep(args, base: Config, labels: list[str], root: Path, train_size, str
 
 
 # ---------------------------------------------------------------------- the bench
-def bench(args, argv: list[str], stream=sys.stdout) -> int:
+def bench(args, argv: list[str], stream=None) -> int:
+    """Run the bench that `args` describes (`argv`: the command line, for the record)."""
     from hetsync.data import load_dataset
     from hetsync.telemetry.plots import plot_runs
 
+    stream = stream or sys.stdout
     _check(args)
     name = args.name or time.strftime("%Y%m%d-%H%M%S")
     root = Path(args.log_dir) / f"bench-{name}"

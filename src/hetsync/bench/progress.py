@@ -21,11 +21,12 @@ class RunProgress:
 
     def __init__(self, run_dir: Path, label: str, k: int, n: int, workers: int, *,
                  time_budget: float | None = None, epochs: float | None = None,
-                 train_size: int | None = None, stream=sys.stdout, every_s: float = 10.0,
+                 train_size: int | None = None, stream=None, every_s: float = 10.0,
                  enabled: bool = True):
         self.label, self.k, self.n = label, k, n
         self.time_budget, self.epochs, self.train_size = time_budget, epochs, train_size
-        self.stream, self.enabled, self.every_s = stream, enabled, every_s
+        self.stream = stream = stream or sys.stdout
+        self.enabled, self.every_s = enabled, every_s
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.eval_tail = JsonlTail(Path(run_dir) / "eval.jsonl")
         self.tails = [JsonlTail(Path(run_dir) / f"worker-{r}.jsonl") for r in range(workers)]

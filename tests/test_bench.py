@@ -1,0 +1,153 @@
+"""`hetsync bench` and the PyTorch baselines (real processes, gloo on loopback; no timings)."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hetsync.bench import modes
+from hetsync.bench.lr import best_of_sweep, linear_scaling
+from hetsync.bench.peer_launch import launch_peer
+from hetsync.bench.peers import PeerOptions, ring_bytes
+from hetsync.config import Config
+from hetsync.runtime.launcher import LaunchError
+from hetsync.telemetry.summarize import summarize
+
+SMALL = dict(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
+             epochs=None, eval_interval=0.5, timeout=30.0, lr=0.1)
+BENCH_FLAGS = ["--workers", "2", "--slowdowns", "1,2", "-n", "mlp", "--dataset", "synthetic",
+               "--time-budget", "3", "--eval-interval", "0.5", "--targets", "0.5,0.7",
+               "--speedup-at", "0.7", "--timeout", "30", "--quiet"]
+
+
+def _losses(run_dir: Path, rank: int) -> list[float]:
+    lines = (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines]
+
+
+def _check_trained(run_dir: Path, mode: str) -> dict:
+    s = summarize(run_dir)
+    assert s["complete"] and s["mode"] == mode and s["missing_workers"] == []
+    assert s["final_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    for rank in (0, 1):
+        losses = _losses(run_dir, rank)
+        assert sum(losses[-5:]) / 5 < 0.5 * losses[0], (rank, losses[0], losses[-5:])
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[0]["train_time"] == 0.0 and len(evals) >= 3
+    return s
+
+
+# ---------------------------------------------------------------------- pure rules
+def test_linear_scaling_and_sweep_choice():
+    assert linear_scaling("sync", 0.05, 4).lr == pytest.approx(0.2)
+    assert linear_scaling("ddp", 0.05, 4).lr == pytest.approx(0.2)
+    for mode in ("esync", "localsgd", "async", "dcasgd", "local"):
+        assert linear_scaling(mode, 0.05, 4).lr == 0.05
+    assert best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).lr == 0.1
+    assert best_of_sweep({0.05: 0.8, 0.1: 0.8}).lr == 0.05  # a tie: the smaller rate
+    with pytest.raises(ValueError):
+        best_of_sweep({0.1: None})
+    assert ring_bytes(1000, 4) == 6000 and ring_bytes(1000, 1) == 0
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workers", "0"], "--workers"),
+    (["--modes", "sync,nope"], "--modes"),
+    (["--baselines", "horovod"], "--baselines"),
+    (["--lr-sweep", "0.1,-1"], "--lr-sweep"),
+    (["--targets", "1.5"], "--targets"),
+])
+def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exit_:
+        modes.main(argv)
+    assert exit_.value.code == 2 and flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workers", "4", "--slowdowns", "1,2"], "--slowdowns"),
+    (["--epochs", "1", "--time-budget", "5"], "--epochs"),
+    (["--modes", "", "--baselines", ""], "--modes"),
+    (["-n", "nonet"], "--network"),
+])
+def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv, flag):
+    assert modes.main(argv + ["-ld", str(tmp_path)]) == 2
+    assert flag in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+# ---------------------------------------------------------------------- real processes
+@pytest.mark.slow
+def test_localsgd_baseline_trains_and_writes_a_run_directory(tmp_path):
+    cfg = Config(log_dir=str(tmp_path), time_budget=3.0, **SMALL)
+    run_dir = launch_peer(cfg, PeerOptions("localsgd", period=4, warmup_steps=3))
+    s = _check_trained(run_dir, "localsgd")
+    records = [json.loads(line) for line in (run_dir / "worker-1.jsonl").read_text().splitlines()]
+    assert [r["local_steps"] for r in records[:4]] == [1, 1, 1, 1]  # warm-up, then averaging
+    assert all(r["local_steps"] == 4 for r in records[4:])
+    assert s["per_worker"][0]["local_steps"] == s["per_worker"][1]["local_steps"]
+
+
+@pytest.mark.slow
+def test_a_killed_baseline_worker_stops_the_run(tmp_path):
+    cfg = Config(log_dir=str(tmp_path), time_budget=120.0, run_name="killed", **SMALL)
+    outcome = {}
+
+    def run():
+        try:
+            launch_peer(cfg, PeerOptions("ddp"))
+        except LaunchError as err:
+            outcome["error"] = str(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    run_dir, deadline = tmp_path / "killed", time.monotonic() + 60
+    while not (run_dir / "worker-1.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pid = _pid_of_rank(run_dir, 1)
+    assert pid is not None
+    os.kill(pid, 9)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the run did not stop after a worker died"
+    assert "rank-1" in outcome.get("error", "")
+    assert _pid_of_rank(run_dir, 0) is None
+
+
+def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmd and b"peer_launch" in cmd and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.mark.slow
+def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path, capsys):
+    results = tmp_path / "results"
+    code = modes.main(BENCH_FLAGS + ["--modes", "sync,esync", "--baselines", "ddp",
+                                     "--name", "t", "-ld", str(tmp_path / "runs"),
+                                     "--results-dir", str(results)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads((results / "bench-t.json").read_text())
+    runs = {r["label"]: r for r in doc["runs"]}
+    assert list(runs) == ["sync", "esync", "ddp"]
+    assert runs["sync"]["lr"] == pytest.approx(0.1) and runs["esync"]["lr"] == 0.05
+    _check_trained(Path(runs["ddp"]["run_dir"]), "ddp")  # the DDP baseline trained
+    sync_tta = runs["sync"]["summary"]["time_to_accuracy"]["0.7"]
+    assert sync_tta is not None
+    for r in runs.values():
+        tta = r["summary"]["time_to_accuracy"]["0.7"]
+        expected = None if tta is None else sync_tta / tta
+        assert r["speedup_vs_sync"]["0.7"] == pytest.approx(expected)
+    table = (results / "bench-t.md").read_text()
+    assert "speedup vs sync @0.7" in table and "| ddp |" in table and "hetsync bench" in table
+    for png in ("accuracy.png", "throughput.png", "speedup.png", "timeline-ddp.png"):
+        assert (results / "bench-t" / png).stat().st_size > 0, png
+    assert "speedup vs sync" in out
