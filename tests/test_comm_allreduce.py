@@ -79,6 +79,15 @@ def _rank_cases(rank: int, world_size: int) -> dict:
         r["error"] = r["error"] or _check(base[:, 1::2], untouched)
         r["error"] = r["error"] or (None if view.shape == (6, 4) else "shape changed")
         res[(alg, "strided", 24)] = r
+    from hetsync.comm import p2p
+    saved, p2p.SEGMENT_BYTES = p2p.SEGMENT_BYTES, 256   # exercise the pipelined paths
+    try:
+        for dtype in DTYPES[:2]:
+            for n in (3000, 3001):
+                for alg in ALGS[1:]:
+                    res[(alg, str(dtype), n, "segmented")] = _case(_data(rank, n, dtype), alg)
+    finally:
+        p2p.SEGMENT_BYTES = saved
     empty = torch.empty(0)
     for alg in ALGS:
         assert all_reduce(empty, alg) is empty
@@ -114,7 +123,7 @@ def test_matches_native_all_reduce(p):
               for key, r in res.items() if isinstance(r, dict) and r.get("error")]
     assert not errors, errors[:3]
     cases = {k for k in results(p)[0] if isinstance(k, tuple) and k[0] in ALGS}
-    assert len(cases) == len(ALGS) * (len(dtypes(p)) * len(lengths(p)) + 1)
+    assert len(cases) == len(ALGS) * (len(dtypes(p)) * len(lengths(p)) + 1) + 3 * 2 * 2
 
 
 @pytest.mark.parametrize("p", WORLDS)
@@ -187,8 +196,8 @@ FORMULAS = {"native": ring_elems, "ring": ring_elems, "butterfly": butterfly_ele
 def test_byte_counts_equal_the_formulas(p):
     res = results(p)
     for rank in range(p):
-        for (alg, dtype, n), r in ((k, v) for k, v in res[rank].items()
-                                   if isinstance(k, tuple) and k[0] in ALGS):
+        for (alg, dtype, n, *_), r in ((k, v) for k, v in res[rank].items()
+                                       if isinstance(k, tuple) and k[0] in ALGS):
             size = 8 if dtype == "strided" else torch.empty((), dtype=getattr(
                 torch, dtype.split(".")[1])).element_size()
             sent, recv = FORMULAS[alg](n, p, rank)

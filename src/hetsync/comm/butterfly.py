@@ -11,7 +11,6 @@ import torch
 from . import p2p
 from .buffers import scratch
 from .fold import folded
-from .p2p import RECV, SEND
 from .topology import GroupView
 
 
@@ -38,7 +37,6 @@ def butterfly_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str,
         mask = 1
         while mask < fold.size:
             partner = fold.inner ^ mask
-            p2p.transfer([(RECV, tmp, partner), (SEND, buf, partner)],
-                         view=view, op=op, timeout=timeout)
-            buf.add_(tmp)
+            p2p.reduce_exchange(buf, partner, buf, partner, tmp, view=view, op=op,
+                                timeout=timeout)
             mask <<= 1

@@ -31,6 +31,9 @@ from .topology import GroupView
 
 #: Tag of collective traffic (gloo matches point-to-point messages by peer and tag).
 TAG_COLLECTIVE = 0x4853
+#: Long CPU transfers go in segments of this many bytes, so that the reduction of one
+#: segment overlaps the transfer of the next (see :func:`reduce_exchange`, the ring).
+SEGMENT_BYTES = 1 << 20
 
 SEND = "send"
 RECV = "recv"
@@ -86,7 +89,6 @@ def transfer(ops: Sequence[tuple], *, view: GroupView, op: str, timeout: float,
         return 0, 0
     ordered = [o for o in ops if o[0] == RECV] + [o for o in ops if o[0] == SEND]
     deadline = time.monotonic() + timeout
-    posted: list[tuple[str, torch.Tensor, int, object]] = []
     if ordered[0][1].is_cuda:
         p2p = [dist.P2POp(dist.irecv if k == RECV else dist.isend, t, group=view.group,
                           group_peer=peer, tag=tg) for k, t, peer, tg in ordered]
@@ -103,22 +105,57 @@ def transfer(ops: Sequence[tuple], *, view: GroupView, op: str, timeout: float,
                 err.args = (f"{err} (batch with ranks {peers})",)
                 raise err from exc
         return _count(ordered, op)
-    for kind, t, peer, tg in ordered:
-        fn = dist.irecv if kind == RECV else dist.isend
-        try:
-            work = fn(t, group=view.group, tag=tg,
-                      **({"group_src": peer} if kind == RECV else {"group_dst": peer}))
-        except Exception as exc:  # noqa: BLE001
-            raise _error(exc, op=op, kind=kind, peer=view.global_rank(peer),
-                         seconds=timeout) from exc
-        posted.append((kind, t, peer, work))
-    for kind, t, peer, work in posted:
-        try:
-            work.wait(timeout=_remaining(deadline))
-        except Exception as exc:  # noqa: BLE001
-            raise _error(exc, op=op, kind=kind, peer=view.global_rank(peer),
-                         seconds=timeout) from exc
+    posted = [post(kind, t, peer, view=view, op=op, timeout=timeout, tag=tg)
+              for kind, t, peer, tg in ordered]
+    for p in posted:
+        p.wait(deadline, meter_bytes=False)
     return _count(ordered, op)
+
+
+class Pending:
+    """One posted transfer; :meth:`wait` bounds it, wraps its errors and meters its bytes."""
+
+    __slots__ = ("kind", "tensor", "peer", "work", "view", "op", "timeout")
+
+    def __init__(self, kind, tensor, peer, work, view, op, timeout):
+        self.kind, self.tensor, self.peer, self.work = kind, tensor, peer, work
+        self.view, self.op, self.timeout = view, op, timeout
+
+    def wait(self, deadline: float | None = None, *, meter_bytes: bool = True) -> None:
+        """Wait until done or ``deadline`` (``time.monotonic()``; default: now + timeout)."""
+        if self.work is None:
+            return
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        try:
+            self.work.wait(timeout=_remaining(deadline))
+        except Exception as exc:  # noqa: BLE001
+            raise _error(exc, op=self.op, kind=self.kind, peer=self.view.global_rank(self.peer),
+                         seconds=self.timeout) from exc
+        self.work = None
+        if meter_bytes:
+            n = _nbytes(self.tensor)
+            meter.add(self.op, n if self.kind == SEND else 0, n if self.kind == RECV else 0)
+
+
+def post(kind: str, tensor: torch.Tensor, peer: int, *, view: GroupView, op: str,
+         timeout: float, tag: int = TAG_COLLECTIVE) -> Pending:
+    """Post one ``SEND``/``RECV`` of ``tensor`` with group rank ``peer`` (no wait).
+
+    For pipelines on CPU tensors: messages between two ranks on one tag match in posting
+    order, so both ends must post their pieces in the same order. An empty tensor posts
+    nothing.
+    """
+    if tensor.numel() == 0:
+        return Pending(kind, tensor, peer, None, view, op, timeout)
+    fn = dist.irecv if kind == RECV else dist.isend
+    try:
+        work = fn(tensor, group=view.group, tag=tag,
+                  **({"group_src": peer} if kind == RECV else {"group_dst": peer}))
+    except Exception as exc:  # noqa: BLE001
+        raise _error(exc, op=op, kind=kind, peer=view.global_rank(peer),
+                     seconds=timeout) from exc
+    return Pending(kind, tensor, peer, work, view, op, timeout)
 
 
 def _count(ops: Sequence[tuple], op: str) -> tuple[int, int]:
@@ -171,3 +208,40 @@ def recv_any(tensor: torch.Tensor, *, view: GroupView, op: str, timeout: float,
     if count:
         meter.add(op, 0, _nbytes(tensor))
     return src
+
+
+def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` cut into consecutive pieces of ``seg`` elements (the last shorter)."""
+    return [(a, min(a + seg, hi)) for a in range(lo, hi, seg)]
+
+
+def reduce_exchange(send_tensor: torch.Tensor, dst: int, into: torch.Tensor, src: int,
+                    tmp: torch.Tensor, *, view: GroupView, op: str, timeout: float) -> None:
+    """Send ``send_tensor`` to ``dst`` while adding ``src``'s vector into ``into``.
+
+    ``tmp`` (at least ``into.numel()`` elements) receives ``src``'s data. On CPU, both
+    directions travel in :data:`SEGMENT_BYTES` pieces, all posted at once, and each received
+    piece is added as soon as it lands, while the rest are still on the wire. Both ends cut
+    the same lengths the same way, so pieces match in order. ``send_tensor`` may be
+    ``into`` itself (butterfly): a piece is then added only once its own send is done.
+    """
+    n = into.numel()
+    incoming = tmp[:n]
+    seg = max(1, SEGMENT_BYTES // into.element_size())
+    if into.is_cuda or (n <= seg and send_tensor.numel() <= seg):
+        transfer([(RECV, incoming, src), (SEND, send_tensor, dst)], view=view, op=op,
+                 timeout=timeout)
+        into.add_(incoming)
+        return
+    kw = {"view": view, "op": op, "timeout": timeout}
+    recvs = [(a, z, post(RECV, incoming[a:z], src, **kw)) for a, z in segments(0, n, seg)]
+    sends = [post(SEND, send_tensor[a:z], dst, **kw)
+             for a, z in segments(0, send_tensor.numel(), seg)]
+    aliased = send_tensor.data_ptr() == into.data_ptr() and send_tensor.numel() == n
+    for j, (a, z, pending) in enumerate(recvs):
+        pending.wait()
+        if aliased:
+            sends[j].wait()
+        into[a:z].add_(incoming[a:z])
+    for pending in sends:
+        pending.wait()
