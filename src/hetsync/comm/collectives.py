@@ -24,8 +24,7 @@ import torch.distributed as dist
 from . import meter
 from .binary_blocks import binary_blocks_all_reduce
 from .butterfly import butterfly_all_reduce
-from .errors import CommError
-from .p2p import _error
+from .p2p import comm_error
 from .ps import default_client
 from .ring import ring_all_reduce
 from .timeouts import resolve_timeout
@@ -45,7 +44,7 @@ def _native(buf: torch.Tensor, view: GroupView, *, op: str, timeout: float) -> N
         work = dist.all_reduce(buf, group=view.group, async_op=True)
         work.wait(timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - rewrapped with context
-        raise _error(exc, op=op, kind="all_reduce", peer=None, seconds=timeout) from exc
+        raise comm_error(exc, op=op, kind="all_reduce", peer=None, seconds=timeout) from exc
     sent, recv = meter.ring_bytes(buf.numel(), view.size, view.rank, buf.element_size())
     meter.add(op, sent, recv)
 
@@ -109,5 +108,3 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring",
             tensor.copy_(buf.view(tensor.shape))
     return tensor
 
-
-__all__ = ["ALGORITHMS", "all_reduce", "CommError"]

@@ -32,8 +32,8 @@ def folded(buf: torch.Tensor, view: GroupView, *, op: str, timeout: float) -> It
         p2p.send(buf, fold.partner, view=view, op=op, timeout=timeout)
     elif fold.partner is not None:
         tmp = scratch(buf.numel(), buf.dtype, buf.device)
-        p2p.recv(tmp, fold.partner, view=view, op=op, timeout=timeout)
-        buf.add_(tmp)
+        p2p.reduce_exchange(buf[:0], fold.partner, buf, fold.partner, tmp, view=view, op=op,
+                            timeout=timeout)
     yield fold
     if fold.inner is None:
         p2p.recv(buf, fold.partner, view=view, op=op, timeout=timeout)

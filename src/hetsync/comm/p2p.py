@@ -44,8 +44,11 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _is_timeout(exc: BaseException) -> bool:
+    # gloo: "Timed out waiting 5000ms for recv operation to complete"; a later use of a pair
+    # that an earlier timeout closed says "Application timeout caused pair closure": that
+    # one is a failed connection, not a new timeout.
     text = str(exc).lower()
-    return "timed out" in text or "timeout" in text and "pair closure" not in text
+    return "timed out" in text or ("timeout" in text and "pair closure" not in text)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -53,8 +56,9 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _error(exc: BaseException, *, op: str, kind: str, peer: int | None, seconds: float,
-           ) -> CommError:
+def comm_error(exc: BaseException, *, op: str, kind: str, peer: int | None,
+               seconds: float) -> CommError:
+    """``exc`` from torch.distributed as a CommTimeoutError or CommError naming op and peer."""
     who = f"rank {peer}" if peer is not None else "any rank"
     direction = {SEND: "to", RECV: "from"}.get(kind, "with")
     if _is_timeout(exc):
@@ -95,13 +99,14 @@ def transfer(ops: Sequence[tuple], *, view: GroupView, op: str, timeout: float,
         try:
             works = dist.batch_isend_irecv(p2p)
         except Exception as exc:  # noqa: BLE001 - rewrapped with context
-            raise _error(exc, op=op, kind="exchange", peer=None, seconds=timeout) from exc
+            raise comm_error(exc, op=op, kind="exchange", peer=None,
+                             seconds=timeout) from exc
         for w in works:
             try:
                 w.wait(timeout=_remaining(deadline))
             except Exception as exc:  # noqa: BLE001
                 peers = sorted({view.global_rank(o[2]) for o in ordered})
-                err = _error(exc, op=op, kind="exchange", peer=None, seconds=timeout)
+                err = comm_error(exc, op=op, kind="exchange", peer=None, seconds=timeout)
                 err.args = (f"{err} (batch with ranks {peers})",)
                 raise err from exc
         return _count(ordered, op)
@@ -130,8 +135,9 @@ class Pending:
         try:
             self.work.wait(timeout=_remaining(deadline))
         except Exception as exc:  # noqa: BLE001
-            raise _error(exc, op=self.op, kind=self.kind, peer=self.view.global_rank(self.peer),
-                         seconds=self.timeout) from exc
+            raise comm_error(exc, op=self.op, kind=self.kind,
+                             peer=self.view.global_rank(self.peer),
+                             seconds=self.timeout) from exc
         self.work = None
         if meter_bytes:
             n = _nbytes(self.tensor)
@@ -153,8 +159,8 @@ def post(kind: str, tensor: torch.Tensor, peer: int, *, view: GroupView, op: str
         work = fn(tensor, group=view.group, tag=tag,
                   **({"group_src": peer} if kind == RECV else {"group_dst": peer}))
     except Exception as exc:  # noqa: BLE001
-        raise _error(exc, op=op, kind=kind, peer=view.global_rank(peer),
-                     seconds=timeout) from exc
+        raise comm_error(exc, op=op, kind=kind, peer=view.global_rank(peer),
+                         seconds=timeout) from exc
     return Pending(kind, tensor, peer, work, view, op, timeout)
 
 
@@ -203,7 +209,7 @@ def recv_any(tensor: torch.Tensor, *, view: GroupView, op: str, timeout: float,
         work = dist.irecv(tensor, group=view.group, tag=tag)
         work.wait(timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001
-        raise _error(exc, op=op, kind=RECV, peer=None, seconds=timeout) from exc
+        raise comm_error(exc, op=op, kind=RECV, peer=None, seconds=timeout) from exc
     src = work._source_rank()
     if count:
         meter.add(op, 0, _nbytes(tensor))

@@ -1,0 +1,248 @@
+"""All-reduce micro-benchmark: hetsync's algorithms against the backend's own, same run.
+
+Spawns P gloo processes on loopback per world size; for each vector length (float32) it
+runs every algorithm ``warmup`` times, then ``repeats`` timed times, interleaved so that
+load drifts hit all alike. A sample is the slowest rank's time for one call (the ranks
+start together after a barrier; the max is taken with an all-reduce outside the timed
+region); the latency is the median sample. Bus bandwidth follows the nccl-tests convention::
+
+    algbw = bytes / latency          busbw = algbw * 2 (P - 1) / P
+
+which is the per-link rate a bandwidth-optimal all-reduce needs, comparable across P.
+Each row also carries the backend's own (``native``) latency and busbw from the same run and
+the ratio busbw / native busbw.
+
+Usage::
+
+    python -m hetsync.bench.comm --world-sizes 2,4 --sizes 1e3,1e5,1e7 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+from typing import Sequence
+
+from ..comm.collectives import ALGORITHMS
+
+DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
+DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks")
+BENCH_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "ps")
+
+
+def auto_repeats(numel: int) -> int:
+    """Timed repetitions for a vector of ``numel`` floats when none are given."""
+    if numel <= 10**4:
+        return 50
+    if numel <= 10**5:
+        return 20
+    if numel <= 10**6:
+        return 10
+    return 5
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> float:
+    """nccl-tests bus bandwidth in bytes/s: bytes / seconds * 2 (P - 1) / P."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return nbytes / seconds * 2 * (world_size - 1) / world_size
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
+               algorithms: Sequence[str], repeats: int | None, warmup: int, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ..comm import all_reduce
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=600))
+        rows = []
+        for n in sizes:
+            src = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+            buf = src.clone()
+            ref = src.clone()
+            dist.all_reduce(ref)
+            verified = {}
+            reps = repeats or auto_repeats(n)
+            samples: dict[str, list[float]] = {a: [] for a in algorithms}
+            elapsed = torch.zeros(1, dtype=torch.float64)
+            for i in range(warmup + reps):
+                for alg in algorithms:
+                    buf.copy_(src)
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    all_reduce(buf, alg)
+                    elapsed[0] = time.perf_counter() - t0
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                    if i == 0:   # every algorithm's result is checked against the backend's
+                        ok = torch.tensor([int(torch.allclose(buf, ref, rtol=1e-4, atol=1e-4))])
+                        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+                        verified[alg] = bool(ok.item())
+                    if i >= warmup:
+                        samples[alg].append(float(elapsed[0]))
+            for alg in algorithms:
+                rows.append({"world_size": world_size, "numel": n, "bytes": 4 * n,
+                             "dtype": "float32", "algorithm": alg, "repeats": reps,
+                             "latency_s": statistics.median(samples[alg]),
+                             "min_s": min(samples[alg]), "max_s": max(samples[alg]),
+                             "verified": verified[alg]})
+        results.put((rank, True, rows if rank == 0 else None))
+    except BaseException as exc:  # report, never hang the parent
+        import traceback
+        results.put((rank, False, f"{exc!r}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_world(world_size: int, sizes, algorithms, repeats, warmup, timeout: float) -> list:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(r, world_size, port, tuple(sizes), tuple(algorithms), repeats,
+                               warmup, results)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    rows, done = None, set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"comm bench with {world_size} ranks did not finish in "
+                                   f"{timeout:g} s")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in done and not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"bench ranks {dead} died (exit codes "
+                                       f"{[procs[r].exitcode for r in dead]})")
+                continue
+            if not ok:
+                raise RuntimeError(f"bench rank {rank} failed: {value}")
+            done.add(rank)
+            if rank == 0:
+                rows = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return rows
+
+
+def run_comm_bench(world_sizes: Sequence[int] = (2, 4), sizes: Sequence[int] = DEFAULT_SIZES,
+                   algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
+                   repeats: int | None = None, warmup: int = 2,
+                   timeout: float = 3600.0) -> list[dict]:
+    """Time each all-reduce algorithm on float32 vectors; return one row per (P, n, algorithm).
+
+    ``native`` is always measured (added if missing) as the reference. Each row has
+    ``world_size, numel, bytes, dtype, algorithm, repeats, latency_s`` (median), ``min_s,
+    max_s, verified`` (the first result matched native's on every rank), ``busbw_GBps,
+    native_latency_s, native_busbw_GBps, busbw_ratio``.
+    """
+    for p in world_sizes:
+        if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+            raise ValueError(f"world sizes must be ints >= 2, got {p!r}")
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"sizes must be positive ints, got {n!r}")
+    for a in algorithms:
+        if a not in BENCH_ALGORITHMS:
+            raise ValueError(f"unknown or unbenchmarked algorithm {a!r}; valid: "
+                             f"{', '.join(BENCH_ALGORITHMS)}")
+    if repeats is not None and repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    algs = ("native",) + tuple(a for a in dict.fromkeys(algorithms) if a != "native")
+    out = []
+    for p in world_sizes:
+        rows = _run_world(p, sizes, algs, repeats, warmup, timeout)
+        native = {r["numel"]: r["latency_s"] for r in rows if r["algorithm"] == "native"}
+        for r in rows:
+            if r["algorithm"] not in algorithms:   # native measured only as the reference
+                continue
+            r["busbw_GBps"] = bus_bandwidth(r["bytes"], r["latency_s"], p) / 1e9
+            r["native_latency_s"] = native[r["numel"]]
+            r["native_busbw_GBps"] = bus_bandwidth(r["bytes"], native[r["numel"]], p) / 1e9
+            r["busbw_ratio"] = r["busbw_GBps"] / r["native_busbw_GBps"]
+            out.append(r)
+    return out
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A Markdown table of ``rows`` (from :func:`run_comm_bench`)."""
+    head = ("| P | floats | MB | algorithm | latency ms | busbw GB/s | native ms | "
+            "native busbw GB/s | busbw / native | verified |")
+    lines = [head, "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['world_size']} | {r['numel']:.0e} | {r['bytes'] / 1e6:.3g} | "
+            f"{r['algorithm']} | {r['latency_s'] * 1e3:.3f} | {r['busbw_GBps']:.3f} | "
+            f"{r['native_latency_s'] * 1e3:.3f} | {r['native_busbw_GBps']:.3f} | "
+            f"{r['busbw_ratio']:.2f} | {'yes' if r['verified'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(float(x)) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hetsync-comm-bench",
+        description="Time hetsync's all-reduce algorithms against native gloo on loopback.")
+    parser.add_argument("--world-sizes", type=_int_list, default=[2, 4],
+                        help="comma-separated process counts (default 2,4)")
+    parser.add_argument("--sizes", type=_int_list, default=list(DEFAULT_SIZES),
+                        help="comma-separated float32 vector lengths, 1e7 notation allowed "
+                             "(default 1e3,1e4,1e5,1e6,1e7)")
+    parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+                        help=f"comma-separated, from {', '.join(BENCH_ALGORITHMS)}")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repetitions per point (default: 50 down to 5 by size)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    try:
+        rows = run_comm_bench(args.world_sizes, args.sizes, algorithms, args.repeats,
+                              args.warmup)
+    except ValueError as err:
+        parser.error(str(err))
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The all-reduce benchmark harness: bus-bandwidth arithmetic, argument checks, one tiny run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hetsync.bench import comm as bench
+
+
+def test_bus_bandwidth_is_the_nccl_tests_convention():
+    # 4 ranks, 40 MB in 0.1 s: algbw 0.4 GB/s, busbw = algbw * 2 * 3 / 4
+    assert bench.bus_bandwidth(40_000_000, 0.1, 4) == pytest.approx(0.6e9)
+    assert bench.bus_bandwidth(8, 1.0, 2) == pytest.approx(8.0)
+    with pytest.raises(ValueError, match="seconds"):
+        bench.bus_bandwidth(8, 0.0, 2)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"world_sizes": (1,)}, "world sizes"),
+    ({"sizes": (0,)}, "sizes"),
+    ({"algorithms": ("ps",)}, "'ps'"),
+    ({"algorithms": ("nope",)}, "'nope'"),
+    ({"repeats": 0}, "repeats"),
+])
+def test_bad_arguments_are_named(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        bench.run_comm_bench(**kwargs)
+
+
+def test_main_runs_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--world-sizes", "2", "--sizes", "1e2,3000", "--algorithms",
+                       "ring,butterfly", "--repeats", "2", "--warmup", "1",
+                       "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| P | floats |" in table and "busbw / native" in table
+    rows = json.loads(out.read_text())
+    assert [(r["numel"], r["algorithm"]) for r in rows] == [
+        (100, "ring"), (100, "butterfly"), (3000, "ring"), (3000, "butterfly")]
+    for r in rows:
+        assert r["world_size"] == 2 and r["bytes"] == 4 * r["numel"] and r["verified"]
+        assert r["repeats"] == 2 and r["min_s"] <= r["latency_s"] <= r["max_s"]
+        assert r["busbw_GBps"] == pytest.approx(
+            bench.bus_bandwidth(r["bytes"], r["latency_s"], 2) / 1e9)
+        assert r["busbw_ratio"] == pytest.approx(r["busbw_GBps"] / r["native_busbw_GBps"])
