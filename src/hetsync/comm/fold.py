@@ -29,7 +29,7 @@ def folded(buf: torch.Tensor, view: GroupView, *, op: str, timeout: float) -> It
     """
     fold = Fold.of(view.rank, view.size)
     if fold.inner is None:
-        p2p.send(buf, fold.partner, view=view, op=op, timeout=timeout)
+        p2p.send_pieces(buf, fold.partner, view=view, op=op, timeout=timeout)
     elif fold.partner is not None:
         tmp = scratch(buf.numel(), buf.dtype, buf.device)
         p2p.reduce_exchange(buf[:0], fold.partner, buf, fold.partner, tmp, view=view, op=op,

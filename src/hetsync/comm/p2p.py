@@ -221,6 +221,13 @@ def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
     return [(a, min(a + seg, hi)) for a in range(lo, hi, seg)]
 
 
+def send_pieces(tensor: torch.Tensor, dst: int, *, view: GroupView, op: str,
+                timeout: float) -> None:
+    """Send ``tensor`` to ``dst`` cut as :func:`reduce_exchange` cuts what it receives."""
+    reduce_exchange(tensor, dst, tensor[:0], dst, tensor[:0], view=view, op=op,
+                    timeout=timeout)
+
+
 def reduce_exchange(send_tensor: torch.Tensor, dst: int, into: torch.Tensor, src: int,
                     tmp: torch.Tensor, *, view: GroupView, op: str, timeout: float) -> None:
     """Send ``send_tensor`` to ``dst`` while adding ``src``'s vector into ``into``.
@@ -234,7 +241,7 @@ def reduce_exchange(send_tensor: torch.Tensor, dst: int, into: torch.Tensor, src
     n = into.numel()
     incoming = tmp[:n]
     seg = max(1, SEGMENT_BYTES // into.element_size())
-    if into.is_cuda or (n <= seg and send_tensor.numel() <= seg):
+    if into.is_cuda or (n <= seg and send_tensor.numel() <= seg):   # one piece each way
         transfer([(RECV, incoming, src), (SEND, send_tensor, dst)], view=view, op=op,
                  timeout=timeout)
         into.add_(incoming)
