@@ -158,11 +158,12 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         state = loop.run(t0)
         if rank == 0:
             wall = time.perf_counter() - t0
-            # paused_s: evaluation time during which every worker waited (collective modes)
+            # paused_s: evaluation time during which every worker waited (collective modes,
+            # and a single worker, which its own evaluation stops)
             write_json_atomic(run_dir / "run.json", _run_info(
                 cfg, name, world, ranks, start_time, end_time=start_time + wall, wall_s=wall,
                 train_time=state.train_time(time.perf_counter()),
-                paused_s=state.eval_total if algo.collective_control else 0.0))
+                paused_s=state.eval_total if algo.collective_control or cfg.workers == 1 else 0.0))
     if eval_recorder is not None:
         eval_recorder.close()
     if state_client is not None:
