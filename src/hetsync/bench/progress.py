@@ -33,6 +33,8 @@ class RunProgress:
         self.started = time.monotonic()
         self.last_eval: dict | None = None
         self.samples, self.t_end, self.last_print = 0, 0.0, 0.0
+        self.train_time = 0.0  # rank 0's clock less its evaluation pauses (the budget's clock)
+        self._eval_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -45,20 +47,23 @@ class RunProgress:
             how_far = f"epoch {self.samples / self.train_size:4.2f}/{self.epochs:g}"
         else:
             budget = f"/{self.time_budget:.0f}" if self.time_budget else ""
-            how_far = f"{self.t_end:5.1f}{budget} s"
+            how_far = f"train {self.train_time:5.1f}{budget} s"
         acc = ("acc —" if self.last_eval is None else
                f"acc {self.last_eval['test_acc']:.4f} @ {self.last_eval['train_time']:.1f} s")
-        rate = self.samples / self.t_end if self.t_end > 0 else 0.0
+        rate = self.samples / self.train_time if self.train_time > 0 else 0.0
         return f"{head} {how_far} | {acc} | {rate:7.0f} samples/s"
 
     def update(self, final: bool = False) -> None:
         with self._lock:
             for rec in self.eval_tail.read():
                 self.last_eval = rec
-            for tail in self.tails:
+            for rank, tail in enumerate(self.tails):
                 for rec in tail.read():
                     self.samples += int(rec.get("samples", 0))
                     self.t_end = max(self.t_end, float(rec.get("t_end", 0.0)))
+                    if rank == 0:
+                        self._eval_s += float(rec.get("eval_s") or 0.0)
+                        self.train_time = float(rec.get("t_end", 0.0)) - self._eval_s
             if not self.enabled:
                 return
             now = time.monotonic()
