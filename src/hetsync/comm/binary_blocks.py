@@ -31,8 +31,9 @@ def binary_blocks_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str,
     4. Unfold: extra ranks receive the result.
 
     On CPU the steps are pipelined (:func:`_pipelined`): every receive is posted up front and
-    each :data:`~hetsync.comm.p2p.SEGMENT_BYTES` piece is forwarded to the next partner as
-    soon as it is final, so the steps overlap instead of waiting for one another.
+    each piece (about half a chunk, :func:`~hetsync.comm.p2p.piece_elems`) is forwarded to
+    the next partner as soon as it is final, so the steps overlap instead of waiting for
+    one another.
 
     Each rank in p' sends and receives ``sum_k |half kept at step k| + (n - c_i)`` elements:
     2(p'-1)/p' n when p' divides n, like the ring, in 2 log2(p') steps instead of 2(P-1).
@@ -54,6 +55,7 @@ def _stepwise(buf: torch.Tensor, view: GroupView, size: int, me: int, *, op: str
     """Steps 2 and 3, one whole exchange per step (used for CUDA tensors)."""
     b = chunk_bounds(buf.numel(), size)
     tmp = scratch(b[size // 2] if size > 1 else 0, buf.dtype, buf.device)
+    seg = p2p.piece_elems(buf.numel(), 2 * size, buf.element_size())
     lo, hi = 0, size
     mask = size >> 1
     while mask >= 1:
@@ -61,7 +63,7 @@ def _stepwise(buf: torch.Tensor, view: GroupView, size: int, me: int, *, op: str
         mid = (lo + hi) // 2
         (klo, khi), (glo, ghi) = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
         p2p.reduce_exchange(buf[b[glo]:b[ghi]], partner, buf[b[klo]:b[khi]], partner, tmp,
-                            view=view, op=op, timeout=timeout)
+                            seg, view=view, op=op, timeout=timeout)
         lo, hi = klo, khi
         mask >>= 1
     mask = 1
@@ -89,7 +91,7 @@ def _pipelined(buf: torch.Tensor, view: GroupView, size: int, me: int, *, op: st
     """
     kw = {"view": view, "op": op, "timeout": timeout}
     b = chunk_bounds(buf.numel(), size)
-    seg = max(1, p2p.SEGMENT_BYTES // buf.element_size())
+    seg = p2p.piece_elems(buf.numel(), 2 * size, buf.element_size())
     steps = size.bit_length() - 1
     masks = [size >> (j + 1) for j in range(steps)]
 

@@ -34,9 +34,10 @@ def butterfly_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str,
         if fold.inner is None:
             return
         tmp = scratch(n, buf.dtype, buf.device)
+        seg = p2p.piece_elems(n, 4, buf.element_size())
         mask = 1
         while mask < fold.size:
             partner = fold.inner ^ mask
-            p2p.reduce_exchange(buf, partner, buf, partner, tmp, view=view, op=op,
+            p2p.reduce_exchange(buf, partner, buf, partner, tmp, seg, view=view, op=op,
                                 timeout=timeout)
             mask <<= 1

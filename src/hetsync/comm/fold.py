@@ -28,12 +28,13 @@ def folded(buf: torch.Tensor, view: GroupView, *, op: str, timeout: float) -> It
     Costs the partner and the extra n elements each way on top of the body.
     """
     fold = Fold.of(view.rank, view.size)
+    seg = p2p.piece_elems(buf.numel(), 4, buf.element_size())
     if fold.inner is None:
-        p2p.send_pieces(buf, fold.partner, view=view, op=op, timeout=timeout)
+        p2p.send_pieces(buf, fold.partner, seg, view=view, op=op, timeout=timeout)
     elif fold.partner is not None:
         tmp = scratch(buf.numel(), buf.dtype, buf.device)
-        p2p.reduce_exchange(buf[:0], fold.partner, buf, fold.partner, tmp, view=view, op=op,
-                            timeout=timeout)
+        p2p.reduce_exchange(buf[:0], fold.partner, buf, fold.partner, tmp, seg, view=view,
+                            op=op, timeout=timeout)
     yield fold
     if fold.inner is None:
         p2p.recv(buf, fold.partner, view=view, op=op, timeout=timeout)

@@ -7,10 +7,13 @@ peer surfaces as a :class:`~hetsync.comm.errors.CommError` /
 and the seconds, instead of a hang. Each completed transfer adds its bytes to the
 :mod:`~hetsync.comm.meter`.
 
-Peers are given as *group* ranks of a :class:`~hetsync.comm.topology.GroupView`; torch maps
-them (``group_dst``/``group_src``) and errors name the global rank. CUDA tensors are posted
-with :func:`torch.distributed.batch_isend_irecv` (NCCL needs grouped point-to-point calls to
-avoid deadlock); CPU tensors one by one, so a failure is attributed to its peer.
+Peers are given as *group* ranks of a :class:`~hetsync.comm.topology.GroupView`; CPU
+transfers are posted one by one on the process group object itself
+(``ProcessGroup.send/recv``, which take group ranks; the Python wrappers
+``dist.isend/irecv`` cost about 30 us more per call), so a failure is attributed to its
+peer, and errors name the peer's global rank. CUDA tensors are posted with
+:func:`torch.distributed.batch_isend_irecv` (NCCL needs grouped point-to-point calls to
+avoid deadlock).
 
 Gloo closes the connection to a peer whose transfer timed out: after a
 :class:`CommTimeoutError` the group must be considered broken.
@@ -31,8 +34,8 @@ from .topology import GroupView
 
 #: Tag of collective traffic (gloo matches point-to-point messages by peer and tag).
 TAG_COLLECTIVE = 0x4853
-#: Long CPU transfers go in segments of this many bytes, so that the reduction of one
-#: segment overlaps the transfer of the next (see :func:`reduce_exchange`, the ring).
+#: Smallest piece a long CPU transfer is cut into (see :func:`piece_elems`): pieces let
+#: the reduction of one overlap the transfer of the next.
 SEGMENT_BYTES = 1 << 20
 
 SEND = "send"
@@ -154,10 +157,11 @@ def post(kind: str, tensor: torch.Tensor, peer: int, *, view: GroupView, op: str
     """
     if tensor.numel() == 0:
         return Pending(kind, tensor, peer, None, view, op, timeout)
-    fn = dist.irecv if kind == RECV else dist.isend
-    try:
-        work = fn(tensor, group=view.group, tag=tag,
-                  **({"group_src": peer} if kind == RECV else {"group_dst": peer}))
+    try:   # the process group's own send/recv (group ranks): no per-call Python checks
+        if kind == RECV:
+            work = view.pg.recv([tensor], peer, tag)
+        else:
+            work = view.pg.send([tensor], peer, tag)
     except Exception as exc:  # noqa: BLE001
         raise comm_error(exc, op=op, kind=kind, peer=view.global_rank(peer),
                          seconds=timeout) from exc
@@ -206,7 +210,7 @@ def recv_any(tensor: torch.Tensor, *, view: GroupView, op: str, timeout: float,
     bytes are not metered (the caller meters them once it knows the operation).
     """
     try:
-        work = dist.irecv(tensor, group=view.group, tag=tag)
+        work = view.pg.recv_anysource([tensor], tag)
         work.wait(timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001
         raise comm_error(exc, op=op, kind=RECV, peer=None, seconds=timeout) from exc
@@ -216,31 +220,43 @@ def recv_any(tensor: torch.Tensor, *, view: GroupView, op: str, timeout: float,
     return src
 
 
+def piece_elems(numel: int, parts: int, element_size: int) -> int:
+    """Elements per piece when ``numel`` elements are pipelined in about ``parts`` pieces.
+
+    ``ceil(numel / parts)``, but never below :data:`SEGMENT_BYTES`. Like gloo's own ring
+    (two segments per chunk), few large pieces: each piece costs a post, a wake-up and a
+    lock round trip with gloo's I/O thread, which on an oversubscribed CPU costs more than
+    the overlap gains. Every rank computes the same value from the same arguments.
+    """
+    return max(1, SEGMENT_BYTES // element_size, -(-numel // max(1, parts)))
+
+
 def segments(lo: int, hi: int, seg: int) -> list[tuple[int, int]]:
     """``[lo, hi)`` cut into consecutive pieces of ``seg`` elements (the last shorter)."""
     return [(a, min(a + seg, hi)) for a in range(lo, hi, seg)]
 
 
-def send_pieces(tensor: torch.Tensor, dst: int, *, view: GroupView, op: str,
+def send_pieces(tensor: torch.Tensor, dst: int, seg: int, *, view: GroupView, op: str,
                 timeout: float) -> None:
-    """Send ``tensor`` to ``dst`` cut as :func:`reduce_exchange` cuts what it receives."""
-    reduce_exchange(tensor, dst, tensor[:0], dst, tensor[:0], view=view, op=op,
+    """Send ``tensor`` to ``dst`` cut as :func:`reduce_exchange` with the same ``seg`` cuts
+    what it receives."""
+    reduce_exchange(tensor, dst, tensor[:0], dst, tensor[:0], seg, view=view, op=op,
                     timeout=timeout)
 
 
 def reduce_exchange(send_tensor: torch.Tensor, dst: int, into: torch.Tensor, src: int,
-                    tmp: torch.Tensor, *, view: GroupView, op: str, timeout: float) -> None:
+                    tmp: torch.Tensor, seg: int, *, view: GroupView, op: str,
+                    timeout: float) -> None:
     """Send ``send_tensor`` to ``dst`` while adding ``src``'s vector into ``into``.
 
     ``tmp`` (at least ``into.numel()`` elements) receives ``src``'s data. On CPU, both
-    directions travel in :data:`SEGMENT_BYTES` pieces, all posted at once, and each received
-    piece is added as soon as it lands, while the rest are still on the wire. Both ends cut
-    the same lengths the same way, so pieces match in order. ``send_tensor`` may be
+    directions travel in pieces of ``seg`` elements (:func:`piece_elems`), all posted at
+    once, and each received piece is added as soon as it lands, while the rest are still on
+    the wire. Both ends must pass the same ``seg`` so that pieces match in order. ``send_tensor`` may be
     ``into`` itself (butterfly): a piece is then added only once its own send is done.
     """
     n = into.numel()
     incoming = tmp[:n]
-    seg = max(1, SEGMENT_BYTES // into.element_size())
     if into.is_cuda or (n <= seg and send_tensor.numel() <= seg):   # one piece each way
         transfer([(RECV, incoming, src), (SEND, send_tensor, dst)], view=view, op=op,
                  timeout=timeout)

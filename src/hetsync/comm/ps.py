@@ -279,13 +279,17 @@ class ParameterServer:
                                     field="numel", value=header.numel)
 
     def _apply(self, header: Header, src: int, payload: Payload, op: str) -> Payload:
+        """The rule's answer, checked to be sendable; on failure ERROR to ``src``, raise."""
         try:
             if self.rule is None:
                 raise RuntimeError(f"ParameterServer has no rule to answer {op} from rank "
                                    f"{src}; pass rule=...")
             if header.op == Op.PULL:
-                return self.rule.pull(src)
-            return self.rule.push(src, payload)
+                reply = self.rule.pull(src)
+            else:
+                reply = self.rule.push(src, payload)
+            describe(reply)   # ValueError: the rule returned something the wire cannot carry
+            return reply
         except Exception:
             self._send_error_quietly(src, header.seq, Status.RULE_FAILED, 0, op)
             raise

@@ -28,8 +28,9 @@ def ring_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str, timeout: flo
     3. All-gather, P-1 steps: at step s rank r sends chunk (r-s) mod P to rank r+1 and
        receives chunk (r-1-s) mod P from rank r-1 straight into place.
 
-    Chunks above :data:`hetsync.comm.p2p.SEGMENT_BYTES` (CPU tensors) are cut into segments
-    of that size and pipelined: a segment received at step s is added and forwarded at
+    Long chunks (CPU tensors) are cut into segments (two per chunk, as gloo's own ring, at
+    least :data:`hetsync.comm.p2p.SEGMENT_BYTES`; :func:`~hetsync.comm.p2p.piece_elems`)
+    and pipelined: a segment received at step s is added and forwarded at
     once, while the next segments are still on the wire (the chunk received at step s is
     the one sent at s+1).
 
@@ -42,7 +43,7 @@ def ring_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str, timeout: flo
     if size <= 1 or n == 0:
         return
     b = chunk_bounds(n, size)
-    seg = max(1, p2p.SEGMENT_BYTES // buf.element_size())
+    seg = p2p.piece_elems(n, 2 * size, buf.element_size())
     if b[1] - b[0] > seg and not buf.is_cuda:
         _pipelined(buf, view, b, seg, op=op, timeout=timeout)
         return

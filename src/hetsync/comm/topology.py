@@ -16,7 +16,8 @@ class GroupView:
 
     ``rank`` and ``size`` are group ranks (``rank`` is -1 when the caller is not a member);
     :meth:`global_rank` maps a group rank to the global rank that errors and the
-    parameter server speak of.
+    parameter server speak of. ``pg`` is the process group object itself (the world's when
+    ``group`` is None), whose ``send``/``recv`` take group ranks.
     """
 
     group: dist.ProcessGroup | None
@@ -41,6 +42,10 @@ class GroupView:
 
     def global_rank(self, group_rank: int) -> int:
         return self.global_ranks[group_rank]
+
+    @property
+    def pg(self) -> dist.ProcessGroup:
+        return dist.group.WORLD if self.group is None else self.group
 
 
 def chunk_bounds(numel: int, parts: int) -> list[int]:
