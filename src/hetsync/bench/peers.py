@@ -168,7 +168,7 @@ class Baseline:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.opts, self.world = opts, world
-        self.step = 0  # steps taken so far (0-based index of the next step)
+        self.step = 0  # steps taken so far
         sgd_params = dict(lr=lr, momentum=momentum)
         if opts.baseline == "ddp":
             self.ddp = DDP(module)
@@ -200,16 +200,21 @@ class Baseline:
 
     @property
     def in_warmup(self) -> bool:
-        """This step averages gradients in backward (ddp: always)."""
-        return self.opts.baseline == "ddp" or self.step < self.opts.warmup_steps
+        """This step averages gradients in backward (ddp: always; localsgd: read off
+        PostLocalSGDState, whose `iter` counts the steps its hook has seen)."""
+        if self.opts.baseline == "ddp":
+            return True
+        state = self.hook.inner_state
+        return state.iter < state.start_localSGD_iter
 
     @property
     def averages(self) -> bool:
-        """This step ends with PeriodicModelAverager's parameter all-reduce (its own rule)."""
+        """This step ends with PeriodicModelAverager's parameter all-reduce (its own rule,
+        read off its own step counter)."""
         if self.opts.baseline == "ddp":
             return False
-        s, w = self.step, self.opts.warmup_steps
-        return s >= w and (s - w) % self.opts.period == 0
+        a = self.averager
+        return a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0
 
     @property
     def lr(self) -> float:
