@@ -78,6 +78,22 @@ def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv,
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
+def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
+    args = modes.build_parser().parse_args(["--dataset", "synthetic", "-n", "mlp"])
+    base = modes.base_config(args, tmp_path)
+    assert base.workers == 4 and base.slowdowns == (1, 2, 4, 8) and base.time_budget == 60
+    runs = {label: modes.make_run(args, base, label, linear_scaling(label, 0.05, 4))
+            for label in ("local", "sync", "esync", "ddp", "localsgd")}
+    assert runs["local"].cfg.workers == 1 and runs["local"].cfg.slowdowns == ()
+    assert runs["sync"].cfg.lr == pytest.approx(0.2) and runs["ddp"].cfg.lr == pytest.approx(0.2)
+    assert runs["esync"].cfg.effective_local_lr == 0.05 and runs["esync"].cfg.global_lr == 1
+    assert runs["localsgd"].opts.period == 8 and runs["ddp"].kind == "baseline"
+    for run in runs.values():
+        assert run.cfg.time_budget == 60 and run.cfg.seed == 0 and run.cfg.network == "mlp"
+    swept = modes.make_run(args, base, "sync", best_of_sweep({0.1: 0.5}), run_name="sync-lr0.1")
+    assert swept.cfg.run_name == "sync-lr0.1" and swept.cfg.lr == 0.1
+
+
 # ---------------------------------------------------------------------- real processes
 @pytest.mark.slow
 def test_localsgd_baseline_trains_and_writes_a_run_directory(tmp_path):

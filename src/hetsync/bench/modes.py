@@ -202,7 +202,7 @@ def base_config(args, log_dir: Path) -> Config:
 
 def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run:
     kind = "baseline" if label in BASELINES else "mode"
-    fields = dict(run_name=label, **config_overrides(label, choice.lr), **changes)
+    fields = {"run_name": label, **config_overrides(label, choice.lr), **changes}
     if kind == "mode":
         fields["mode"] = label
     if label == "local":  # the sequential reference: one worker at full speed
@@ -371,11 +371,6 @@ def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -
              "(evaluation time excluded); — = not reached.",
              (f"speedup = tta(sync) / tta(run) at {speedup_at:g}, same bench." if has_sync
               else "no successful sync run: speedup not computed."),
-             "local = one worker, no slowdown (sequential SGD), same budget; drawn dashed in "
-             "accuracy.png.",
-             "ddp, localsgd = PyTorch's DistributedDataParallel and post-local SGD "
-             "(PostLocalSGDOptimizer + PeriodicModelAverager), hetsync.bench.peers; their "
-             "traffic is the theoretical ring all-reduce volume.",
              ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
               + ",".join(f"{x:g}" for x in args.lr_sweep) + " per mode."
               if args.lr_sweep else
@@ -383,6 +378,14 @@ def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -
               "localsgd: base as local rate (esync global 1); async, dcasgd, local: base."),
              f"load average (1/5/15 min) {res.load_text(load_before)} before, "
              f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
+    labels = {r.label for r in results}
+    if "local" in labels:
+        notes.append("local = one worker, no slowdown (sequential SGD), same budget; drawn "
+                     "dashed in accuracy.png.")
+    if labels & set(BASELINES):
+        notes.append("ddp, localsgd = PyTorch's DistributedDataParallel and post-local SGD "
+                     "(PostLocalSGDOptimizer + PeriodicModelAverager), hetsync.bench.peers; "
+                     "their traffic is the theoretical ring all-reduce volume.")
     notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
     return notes
 
