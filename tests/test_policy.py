@@ -2,7 +2,8 @@
 
 import pytest
 
-from hetsync.state.policy import (ReadinessTracker, WorkerRecord, decide, steps_until_overrun,
+from hetsync.state.policy import (ReadinessTracker, WorkerRecord, auto_margin, decide,
+                                  steps_until_overrun,
                                   would_overrun)
 
 
@@ -62,8 +63,30 @@ def test_anyone_asking_after_the_slowest_stopped_stops_at_once():
 
 
 def test_k_at_least_one_step():
-    records = {0: WorkerRecord(0, step_time=0.01, steps=0), 1: WorkerRecord(1, step_time=0.02)}
-    assert decide(records, 0, now=0.0, epsilon=0.0).steps_left == 1
+    # The round begins (k = 0): 5 ms of the slowest's step are left, less than one 10 ms step,
+    # yet the caller takes one step (and its answer says so).
+    records = {0: WorkerRecord(0, step_time=0.01, steps=0),
+               1: WorkerRecord(1, step_time=0.02, step_started=0.0)}
+    assert decide(records, 0, now=0.015, epsilon=0.0).steps_left == 1
+    # After that step (k = 1) it stops.
+    records[0].steps = 1
+    assert decide(records, 0, now=0.015, epsilon=0.0).ready
+
+
+def test_a_report_at_the_rounds_start_plans_the_whole_round():
+    """The worker reports when its round begins (k = 0) and steps while the answer travels."""
+    t = ReadinessTracker(workers=4)  # the default margin lets the last step overrun a little
+    _warm(t, [0.010, 0.020, 0.040, 0.080])
+    start = 1.0  # everyone leaves the aggregation and reports within a millisecond
+    plans = [t.report(r, round=2, steps=0, step_time=c, now=start + r * 0.0002)
+             for r, c in enumerate([0.010, 0.020, 0.040, 0.080])]
+    # The slowest is told to stop after its one step; the others how much time is left.
+    assert plans[3].steps_left == 1 and plans[3].time_left is None
+    assert [p.steps_left for p in plans[:3]] == [8, 4, 2]  # they fill its 80 ms step
+    assert plans[0].time_left == pytest.approx(0.080)
+    # A fast worker whose first step already overruns stops after it, but takes it.
+    slow_start = t.report(2, round=3, steps=0, step_time=0.200, now=2.0)
+    assert slow_start.steps_left == 1
 
 
 def test_the_slowest_is_found_from_its_step_time_not_its_rank():
@@ -105,3 +128,26 @@ def test_the_answer_carries_the_slowests_remaining_time_for_the_worker_to_rechec
     assert would_overrun(0.010, 0.0104, 0.05)
     # A step that became slower (a busy machine) stops it earlier than the first forecast.
     assert would_overrun(0.030, 0.025, 0.05)
+
+
+def test_auto_margin_is_the_clusters_time_per_step():
+    records = {r: WorkerRecord(r, step_time=c) for r, c in enumerate([0.010, 0.020, 0.040, 0.080])}
+    assert auto_margin(records) == pytest.approx(1 / (100 + 50 + 25 + 12.5))
+
+
+def test_auto_margin_takes_a_step_that_overruns_less_than_it_and_not_one_more():
+    # The slowest (80 ms) began its step 3 ms before the caller (20 ms steps) reported: 77 ms
+    # are left. A fourth step ends 3 ms after the slowest, less than the 5.3 ms margin: taken.
+    # ESync's plain rule (epsilon 0) stops after three and idles the caller for 17 ms.
+    def plan(epsilon):
+        t = ReadinessTracker(workers=4, epsilon=epsilon)
+        _warm(t, [0.010, 0.020, 0.040, 0.080])
+        t.report(3, round=2, steps=0, step_time=0.080, now=1.000)
+        return t.report(1, round=2, steps=0, step_time=0.020, now=1.003)
+    assert plan(None).steps_left == 4
+    assert plan(0.0).steps_left == 3
+    # The caller re-applies the rule with the margin it was sent, as a fraction of its step.
+    d = plan(None)
+    assert d.epsilon == pytest.approx(-1 / 187.5 / 0.020)
+    assert not would_overrun(0.020, 0.015, d.epsilon)  # ends 5 ms late: within the margin
+    assert would_overrun(0.020, 0.014, d.epsilon)      # ends 6 ms late: not worth it

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 import hetsync
-from hetsync.config import Config, ConfigError, add_config_arguments, config_from_args
+from hetsync.config import (Config, ConfigError, add_config_arguments, config_from_args,
+                            parse_epsilon)
 
 #: `hetsync launch` with no arguments: ESync on 4 emulated workers of speeds 1, 1/2, 1/4, 1/8
 #: (about 1.9 cores of work: it fits a 2-core machine), LeNet, real Fashion-MNIST.
@@ -49,8 +50,9 @@ def cmd_state_server(args) -> int:
     from hetsync.state import StateServer
 
     server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port)
+    eps = "auto" if args.epsilon is None else args.epsilon
     print(f"hetsync state server on http://{server.host}:{server.port}/ "
-          f"({args.workers} workers, epsilon {args.epsilon})", flush=True)
+          f"({args.workers} workers, epsilon {eps})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -131,9 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", "-port", type=int, default=10010)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--epsilon", type=float, default=-0.2,
-                   help="readiness margin as a fraction of the caller's step time (the first "
-                        "worker's /init overrides it)")
+    p.add_argument("--epsilon", type=parse_epsilon, default=None,
+                   help="readiness margin as a fraction of the caller's step time, or auto "
+                        "(default; the first worker's /init overrides it)")
     p.set_defaults(func=cmd_state_server)
 
     p = sub.add_parser("summarize", help="compute a run's figures into summary.json")

@@ -76,9 +76,11 @@ class Config:
                           "help": "ESync state server address"})
     state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
                             "help": "ESync state server port"})
-    epsilon: float = field(default=-0.2, metadata={"flags": ("--epsilon",),
-                           "help": "ESync readiness margin ε, a fraction of the caller's step "
-                                   "time: stop when c(1+ε) > the slowest's time left"})
+    epsilon: float | None = field(default=None, metadata={"flags": ("--epsilon",),
+                                  "parser": "epsilon",
+                                  "help": "ESync readiness margin ε, a fraction of the caller's "
+                                          "step time c: stop when c(1+ε) > the slowest's time "
+                                          "left; auto: overrun by at most 1/Σ(1/c_i)"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),
@@ -162,8 +164,8 @@ class Config:
             raise bad("eval_every", "an integer >= 0 (0: use --eval-interval)")
         if self.eval_interval <= 0:
             raise bad("eval_interval", "a number of seconds > 0")
-        if not -1 < self.epsilon < 1:
-            raise bad("epsilon", "a fraction in (-1, 1)")
+        if self.epsilon is not None and not -1 < self.epsilon < 1:
+            raise bad("epsilon", "auto or a fraction in (-1, 1)")
         if self.workers < 1:
             raise bad("workers", "an integer >= 1")
         if self.mode == "local" and self.workers != 1:
@@ -237,6 +239,16 @@ def _parse_floats(text: str) -> tuple[float, ...]:
             f"expected comma-separated numbers such as 1,2,4,8, got {text!r}") from None
 
 
+def parse_epsilon(text: str) -> float | None:
+    """`auto` (None) or a number."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+
+
 def _optional(kind):
     def parse(text: str):
         return None if text.lower() in ("", "none") else kind(text)
@@ -245,7 +257,7 @@ def _optional(kind):
 
 _PARSERS = {"int": int, "float": float, "str": str, "bool": _parse_bool,
             "tuple[float, ...]": _parse_floats, "str | None": _optional(str),
-            "float | None": _optional(float)}
+            "float | None": _optional(float), "epsilon": parse_epsilon}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None) -> None:
@@ -258,7 +270,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
     for f in dataclasses.fields(Config):
         default = getattr(defaults, f.name)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        parser.add_argument(*f.metadata["flags"], dest=f.name, type=_PARSERS[str(f.type)],
+        if f.name == "epsilon" and default is None:
+            shown = "auto"
+        kind = f.metadata.get("parser", str(f.type))
+        parser.add_argument(*f.metadata["flags"], dest=f.name, type=_PARSERS[kind],
                             default=argparse.SUPPRESS, metavar=f.name.upper(),
                             help=f"{f.metadata['help']} (default: {shown})")
 

@@ -55,6 +55,7 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         self.algo.setup()
         self._last_step = time.perf_counter()
+        self.algo.begin_step()  # the user's next step begins as this call returns
 
     @property
     def param_groups(self):
@@ -83,6 +84,7 @@ class DistributedOptimizer:
         if self.algo.wants_sync(step_time):
             self.algo.synchronize()
         self._last_step = time.perf_counter()
+        self.algo.begin_step()
         return loss
 
     def finish(self) -> None:

@@ -7,8 +7,9 @@ Two baselines, each built only on PyTorch's public API:
     (gloo). Every step:
 
     1. forward and backward on the local batch through the DDP model;
-    2. when DDP hands the gradient bucket to its communication hook, the hook first sleeps
-       (F − 1) × the step's measured compute so far (data, forward, backward): the emulated
+    2. when DDP hands the gradient bucket to its communication hook, the hook first sleeps as
+       :mod:`hetsync.runtime.heterogeneity` says (the step so far, data, forward and backward,
+       topped up to F × its work), as hetsync's own training loop does: the emulated
        slow device enters the all-reduce late and every peer waits for it, as in reality;
     3. a 3-float control tensor (samples, evaluate, stop: rank 0 proposes) is all-reduced: the
        first collective of the step, so it absorbs the wait for the slowest peer (``wait_s``);
@@ -71,6 +72,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hetsync.runtime.heterogeneity import StepTimer
+
 BASELINES = ("ddp", "localsgd")
 #: PyTorch API each baseline is built on (written into run.json).
 APIS = {
@@ -119,26 +122,20 @@ class HookState:
     def __init__(self, inner, inner_state, slowdown: float, clock, world: int,
                  communicates=lambda: True):
         self.inner, self.inner_state = inner, inner_state
-        self.slowdown, self.clock, self.world = slowdown, clock, world
+        self.timer, self.clock, self.world = StepTimer(slowdown), clock, world
         self.communicates = communicates
-        self.step_start = 0.0
         self.first_bucket = True
         self.before_comm = None
         self.bytes = 0
-        self.slept = False
 
-    def begin_step(self, step_start: float, before_comm=None) -> None:
-        self.step_start, self.before_comm = step_start, before_comm
-        self.first_bucket, self.slept = True, False
+    def begin_step(self, before_comm=None) -> float:
+        """Start the step's clocks; returns its start (perf_counter)."""
+        self.before_comm, self.first_bucket = before_comm, True
+        return self.timer.begin()
 
     def emulate_slowdown(self) -> None:
-        """Sleep (F − 1) × the compute measured since the step started (once per step)."""
-        if self.slept:
-            return
-        self.slept = True
-        busy = time.perf_counter() - self.step_start
-        if self.slowdown > 1:
-            time.sleep((self.slowdown - 1) * busy)
+        """The emulated slowdown of the compute since the step began (once per step)."""
+        self.timer.emulate()
 
 
 def slowdown_hook(state: HookState, bucket):
@@ -334,12 +331,11 @@ def _run(cfg, opts: PeerOptions, rank: int, world: int, run_dir: Path) -> Path:
     clock.take()
     try:
         for epoch, idx in batches:
-            step_start = time.perf_counter()
             ends_round = base.in_warmup or base.averages
             n = len(idx)
             # Gradient-averaging steps agree inside the hook, before the gradient all-reduce.
-            hook.begin_step(step_start, (lambda: exchange(samples + n)) if base.in_warmup
-                            else None)
+            step_start = hook.begin_step((lambda: exchange(samples + n)) if base.in_warmup
+                                         else None)
             x, y = data.train.batch(idx)
             optimizer.zero_grad(set_to_none=True)
             loss = criterion(model(x), y)

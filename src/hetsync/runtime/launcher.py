@@ -101,7 +101,7 @@ class Cluster:
             port = free_port(host)  # another run holds the default port: take any free one
         self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
                                      "--workers", str(self.cfg.workers),
-                                     "--epsilon", str(self.cfg.epsilon)])
+                                     "--epsilon", "auto" if self.cfg.epsilon is None else str(self.cfg.epsilon)])
         client = StateClient(host, port, timeout=5)
         try:
             client.wait_until_up(deadline_s=30)

@@ -5,7 +5,8 @@ emulated slowdown, then ask the mode whether the step ends a round. At the end o
 mode communicates; the loop records the round (compute / wait / comm / bytes), agrees with the
 other workers on evaluation and stopping (`control.py`) and evaluates on rank 0.
 
-Timing follows DESIGN.md: compute = data + forward + backward + local update + emulated slowdown;
+Timing follows DESIGN.md: compute = data + forward + backward + local update + emulated slowdown
+(`heterogeneity.py`);
 wait = barrier and state-server queries; comm = the transfers; evaluation is kept apart, and the
 training time used for time-to-accuracy excludes it.
 """
@@ -22,6 +23,7 @@ import torch
 from hetsync.algorithms.base import Algorithm
 from hetsync.config import Config
 from hetsync.runtime.control import Agreement, CollectiveControl, Proposal
+from hetsync.runtime.heterogeneity import StepTimer
 
 
 @dataclass
@@ -137,9 +139,11 @@ class TrainingLoop:
         compute = loss_sum = 0.0
         steps = samples = 0
         meter_before = _meter_totals()
+        timer = StepTimer(self.slowdown, cpu_device=self.device.type == "cpu")
         clock.take()
         for epoch, idx in self.batches:
-            step_start = time.perf_counter()
+            algo.begin_step()
+            step_start = timer.begin()
             x, y = self.train_set.batch(idx)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             algo.optimizer.zero_grad(set_to_none=True)
@@ -148,9 +152,7 @@ class TrainingLoop:
             algo.local_step()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            busy = time.perf_counter() - step_start
-            if self.slowdown > 1:
-                time.sleep((self.slowdown - 1) * busy)  # ESync's emulation of a slower device
+            timer.emulate()  # a slower device (runtime/heterogeneity.py)
             step_time = time.perf_counter() - step_start
             compute += step_time
             steps += 1

@@ -1,4 +1,8 @@
-"""A worker's connection to the state server: one keep-alive HTTP connection, JSON in and out."""
+"""A worker's connection to the state server: one keep-alive HTTP connection, JSON in and out.
+
+`report_async` writes a report and returns at once; its answer is read when the worker needs it
+(ESync's "delayed ACK": the worker computes while the answer travels). No thread is involved,
+so the request leaves when it is written, not when a thread gets the interpreter lock."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import http.client
 import json
 import socket
 import time
+from typing import Callable
 
 from hetsync.state.policy import Decision
 
@@ -21,15 +26,22 @@ class StateClient:
         self.host, self.port, self.timeout = host, port, timeout
         self._conn: http.client.HTTPConnection | None = None
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _send(self, method: str, path: str, body: dict | None) -> None:
         payload = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if payload is not None else {}
-        for attempt in (1, 2):  # one reconnect: a keep-alive connection may have been closed
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        self._conn.request(method, path, body=payload, headers=headers)
+
+    def _request(self, method: str, path: str, body: dict | None = None, *,
+                 sent: bool = False) -> dict:
+        """Send (unless `sent`) and read the answer; one reconnect, since a keep-alive
+        connection may have been closed."""
+        for attempt in (1, 2):
             try:
-                if self._conn is None:
-                    self._conn = http.client.HTTPConnection(self.host, self.port,
-                                                            timeout=self.timeout)
-                self._conn.request(method, path, body=payload, headers=headers)
+                if not sent:
+                    self._send(method, path, body)
+                sent = False
                 response = self._conn.getresponse()
                 data = json.loads(response.read() or b"{}")
             except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
@@ -57,13 +69,29 @@ class StateClient:
                     raise
                 time.sleep(0.1)
 
-    def init(self, workers: int, epsilon: float) -> None:
+    def init(self, workers: int, epsilon: float | None = None) -> None:
+        """Start afresh; `epsilon` None: the server's own margin (by default `auto`)."""
         self._request("POST", "/init", {"workers": workers, "epsilon": epsilon})
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:
-        data = self._request("POST", "/report", {"rank": rank, "round": round, "steps": steps,
-                                                 "step_time": step_time, "device": device})
+        return self.report_async(rank, round, steps, step_time, device)()
+
+    def report_async(self, rank: int, round: int, steps: int, step_time: float,
+                     device: str = "") -> Callable[[], Decision]:
+        """Write the report now; the returned function reads the answer (call it once)."""
+        body = {"rank": rank, "round": round, "steps": steps, "step_time": step_time,
+                "device": device}
+        try:
+            self._send("POST", "/report", body)
+            sent = True
+        except (OSError, http.client.HTTPException):
+            self.close()  # the read sends it again, on a fresh connection
+            sent = False
+        return lambda: self._decision(self._request("POST", "/report", body, sent=sent))
+
+    @staticmethod
+    def _decision(data: dict) -> Decision:
         time_left = data.get("time_left")
         return Decision(int(data["steps_left"]), str(data.get("reason", "")),
                         None if time_left is None else float(time_left),

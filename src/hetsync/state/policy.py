@@ -16,20 +16,24 @@ Two departures from the original, both required by DESIGN.md:
 - No synchronised clocks. Every time here is the *server's* clock: a step's end is the arrival
   of its report, a round's start is estimated from the first report of the round. Workers send
   only durations measured on their own clocks.
-- One query per round. Instead of asking before every batch, a worker asks once after its first
-  step. The answer carries `rest` (`time_left`) and the number of further steps `j` after which
-  rule 5 fires if step times stay as they are: after `j` more steps rest_j = rest − j·c_caller,
-  so `j` is the least j ≥ 0 with `c + ε > rest − j·c`. The worker then applies rule 5 itself
-  before each further step, with its own latest step duration and the time elapsed since the
-  answer, both measured on its own clock — so a step that slows down mid-round (a busy machine)
-  does not make it overrun. ε = `epsilon` × c_caller scales with the step time (the original's
+- One query per round, answered while the worker computes. Instead of asking before every
+  batch, a worker reports once, when its round begins (`k = 0`, with its smoothed step time
+  from the rounds before), and takes its first step while the answer travels (the paper's
+  "non-blocking mode with delayed ACK"). The answer carries `rest` (`time_left`) and the number
+  of steps `j` after which rule 5 fires if step times stay as they are: after `j` steps
+  rest_j = rest − j·c_caller, so `j` is the least j ≥ 0 with `c + ε > rest − j·c`, and at
+  least 1 at the round's start (rule 1). The worker then applies rule 5 itself after each step,
+  with its own latest step duration and the time elapsed since it asked, both measured on its
+  own clock — so a step that slows down mid-round (a busy machine) does not make it overrun.
+  A report after `k ≥ 1` steps (ESync's own way of asking) is answered by the same rules.
+- The margin scales with the step times. ε = `epsilon` × c_caller (the original's
   fixed 0.5 s is far too coarse for a 10 ms step). ε > 0 is ESync's safety margin (stop early);
-  ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller. At an exact fit (speeds
-  1, 2, 4, 8) stopping early idles the caller for a whole step while a small overrun delays the
-  others by a fraction of one, so hetsync's default is slightly negative.
+  ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller. hetsync's default,
+  `auto`, lets it overrun by `auto_margin` = 1 / Σ_i 1/c_i, the cluster's time per step: the
+  most that one more step may lengthen a round without lowering the cluster's throughput.
 
-In the very first round no step time is known, so every worker aggregates after one step (a
-synchronous warm-up round that measures `c`).
+While any step time is unknown (the first rounds), every worker aggregates after one step (a
+synchronous warm-up that measures `c`).
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-#: ε as a fraction of the caller's step time (see the module docstring for the sign).
-DEFAULT_EPSILON = -0.2
+#: ε: None = `auto_margin`; else a fraction of the caller's step time (sign: module docstring).
+DEFAULT_EPSILON: float | None = None
 
 
 @dataclass
@@ -71,6 +75,19 @@ class Decision:
         return self.steps_left == 0
 
 
+def auto_margin(records: dict[int, WorkerRecord]) -> float:
+    """The overrun worth allowing, in seconds: 1 / Σ_i 1/c_i, the cluster's time per step.
+
+    A round of length T in which the workers take S steps in all trains S/T steps a second;
+    one more step that lengthens the round by d keeps that rate while (S + 1)/(T + d) >= S/T,
+    i.e. d <= T/S. With every worker busy the whole round, T/S = 1 / Σ_i 1/c_i, so a worker
+    takes one more step when it would end at most that long after the slowest (ε = −margin/c).
+    At exact speed ratios (1, 2, 4, 8) a fixed fraction either idles a fast worker for a whole
+    step or lets the slow ones wait; this margin trades the two for throughput."""
+    times = [r.step_time for r in records.values() if r.step_time]
+    return 1.0 / sum(1.0 / c for c in times) if times else 0.0
+
+
 def would_overrun(step_time: float, rest: float, epsilon: float) -> bool:
     """Rule 5: one more step of `step_time` plus the margin ε·step_time ends after `rest`."""
     return step_time * (1 + epsilon) > rest
@@ -94,22 +111,33 @@ def slowest_rank(records: dict[int, WorkerRecord]) -> int | None:
 
 
 def decide(records: dict[int, WorkerRecord], caller: int, now: float,
-           epsilon: float) -> Decision:
-    """ESync's readiness rule for `caller`, whose record is already updated with its report."""
+           epsilon: float | None) -> Decision:
+    """ESync's readiness rule for `caller`, whose record is already updated with its report.
+
+    A caller that has taken no step this round (`k = 0`) gets `steps_left >= 1` (rule 1), with
+    no `time_left` when it is to stop after that one step."""
     me = records[caller]
-    if me.steps < 1:
-        return Decision(1, "no local step yet this round", None)
+    must = 1 if me.steps < 1 else 0  # rule 1: at least one local step per round
     slow = slowest_rank(records)
     if slow is None:
-        return Decision(0, "warm-up round: step times not yet known")
+        return Decision(must, "warm-up round: step times not yet known")
     if slow == caller:
-        return Decision(0, "caller is the slowest")
+        return Decision(must, "caller is the slowest")
     slowest = records[slow]
     if slowest.stopped:
-        return Decision(0, "the slowest has already stopped")
-    started = slowest.step_started if slowest.step_started is not None else now
+        return Decision(must, "the slowest has already stopped")
+    if slowest.round == me.round or me.steps >= 1 or slowest.step_started is None:
+        # It reported this round (its step began then), or the caller is well into its round
+        # (ESync's own way of asking): the server's estimate of when its step began.
+        started = slowest.step_started if slowest.step_started is not None else now
+    else:
+        # The caller's round begins now, and the slowest, which has not reported yet, began
+        # its own after the same aggregation: no earlier than the caller, as far as is known.
+        started = now
     rest = slowest.step_time - (now - started)
-    j = steps_until_overrun(me.step_time, rest, epsilon * me.step_time)
+    if epsilon is None:
+        epsilon = -auto_margin(records) / me.step_time
+    j = max(must, steps_until_overrun(me.step_time, rest, epsilon * me.step_time))
     if j == 0:
         return Decision(0, f"one more step ({me.step_time:.4f}s) would overrun the slowest "
                            f"(rank {slow}, {rest:.4f}s left)")
@@ -121,7 +149,7 @@ class ReadinessTracker:
     """The state server's records and round bookkeeping; the clock is passed in (testable)."""
 
     workers: int
-    epsilon: float = DEFAULT_EPSILON
+    epsilon: float | None = DEFAULT_EPSILON
     round: int = 0
     round_started: float | None = None
     records: dict[int, WorkerRecord] = field(default_factory=dict)
@@ -129,7 +157,7 @@ class ReadinessTracker:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
-        if not -1 < self.epsilon < 1:
+        if self.epsilon is not None and not -1 < self.epsilon < 1:
             raise ValueError(f"epsilon must be a fraction in (-1, 1), got {self.epsilon}")
         self.records = {r: WorkerRecord(rank=r) for r in range(self.workers)}
 

@@ -2,9 +2,11 @@
 
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
-- `POST /init`   `{"workers": N, "epsilon": -0.2}` → `{"ok": true}`; starts afresh.
+- `POST /init`   `{"workers": N, "epsilon": -0.2 | null}` → `{"ok": true}`; starts afresh
+  (`epsilon` null or absent: the server's own, by default `auto`, see `policy.auto_margin`).
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?}` →
-  `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float,
+  `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
+  caller's margin as a fraction of its step),
   "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`).
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
   that refreshes itself; `GET /healthz` → `{"ok": true}`.
@@ -52,7 +54,8 @@ def _field(body: dict, name: str, kind: type, *, minimum: float | None = None,
     return float(value) if kind is float else value
 
 
-def create_app(workers: int, epsilon: float = DEFAULT_EPSILON, clock=time.monotonic) -> Flask:
+def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
+               clock=time.monotonic) -> Flask:
     """The Flask app; the tracker's times come from `clock` (the server's own)."""
     app = Flask("hetsync-state-server")
     lock = threading.Lock()
@@ -85,8 +88,8 @@ def create_app(workers: int, epsilon: float = DEFAULT_EPSILON, clock=time.monoto
     def init():
         data = body()
         n = _field(data, "workers", int, minimum=1)
-        eps = _field(data, "epsilon", float, required=False, default=epsilon)
-        if not -1 < eps < 1:
+        eps = epsilon if data.get("epsilon") is None else _field(data, "epsilon", float)
+        if eps is not None and not -1 < eps < 1:
             raise BadRequest(f"field 'epsilon' must be a fraction in (-1, 1), got {eps}")
         with lock:
             state["tracker"] = ReadinessTracker(n, eps)
@@ -108,7 +111,7 @@ def create_app(workers: int, epsilon: float = DEFAULT_EPSILON, clock=time.monoto
                 raise BadRequest(f"rank {rank} out of range 0..{tracker.workers - 1}")
             decision = tracker.report(rank, rnd, steps, step_time, clock(), device[:64])
         return jsonify(ready=decision.ready, steps_left=decision.steps_left,
-                       time_left=decision.time_left, epsilon=tracker.epsilon,
+                       time_left=decision.time_left, epsilon=decision.epsilon,
                        reason=decision.reason)
 
     @app.get("/healthz")
@@ -141,7 +144,8 @@ def create_app(workers: int, epsilon: float = DEFAULT_EPSILON, clock=time.monoto
                     "never" if r.last_seen is None else f"{now - r.last_seen:.1f} s ago",
                     r.queries)) + "</tr>"
                 for r in tracker.records.values())
-            head = f"round {tracker.round} · {tracker.workers} workers · ε = {tracker.epsilon}"
+            eps = "auto" if tracker.epsilon is None else tracker.epsilon
+            head = f"round {tracker.round} · {tracker.workers} workers · ε = {eps}"
         return Response(
             "<!doctype html><html><head><meta charset='utf-8'>"
             "<meta http-equiv='refresh' content='1'><title>hetsync state server</title>"
@@ -165,7 +169,8 @@ class _KeepAliveHandler(WSGIRequestHandler):
 class StateServer:
     """The service on a background thread (tests, `launch`) or in the foreground (CLI)."""
 
-    def __init__(self, workers: int, epsilon: float = DEFAULT_EPSILON, host: str = "127.0.0.1",
+    def __init__(self, workers: int, epsilon: float | None = DEFAULT_EPSILON,
+                 host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT):
         self.app = create_app(workers, epsilon)
         self._server = make_server(host, port, self.app, threaded=True,
