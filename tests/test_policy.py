@@ -2,9 +2,8 @@
 
 import pytest
 
-from hetsync.state.policy import (ReadinessTracker, WorkerRecord, auto_margin, decide,
-                                  steps_until_overrun,
-                                  would_overrun)
+from hetsync.state.policy import (ReadinessTracker, WorkerRecord, auto_epsilon, decide,
+                                  round_length, steps_until_overrun, would_overrun)
 
 
 def test_steps_until_overrun_is_the_last_step_that_still_fits():
@@ -63,14 +62,15 @@ def test_anyone_asking_after_the_slowest_stopped_stops_at_once():
 
 
 def test_k_at_least_one_step():
-    # The round begins (k = 0): 5 ms of the slowest's step are left, less than one 10 ms step,
-    # yet the caller takes one step (and its answer says so).
-    records = {0: WorkerRecord(0, step_time=0.01, steps=0),
+    # The round begins (k = 0). With ESync's safety margin of half a step, even the slowest's
+    # whole 20 ms step has no room for one 15 ms step, yet the caller takes one (and its answer
+    # says so).
+    records = {0: WorkerRecord(0, step_time=0.015, steps=0),
                1: WorkerRecord(1, step_time=0.02, step_started=0.0)}
-    assert decide(records, 0, now=0.015, epsilon=0.0).steps_left == 1
+    assert decide(records, 0, now=0.0, epsilon=0.5).steps_left == 1
     # After that step (k = 1) it stops.
     records[0].steps = 1
-    assert decide(records, 0, now=0.015, epsilon=0.0).ready
+    assert decide(records, 0, now=0.015, epsilon=0.5).ready
 
 
 def test_a_report_at_the_rounds_start_plans_the_whole_round():
@@ -130,24 +130,44 @@ def test_the_answer_carries_the_slowests_remaining_time_for_the_worker_to_rechec
     assert would_overrun(0.030, 0.025, 0.05)
 
 
-def test_auto_margin_is_the_clusters_time_per_step():
-    records = {r: WorkerRecord(r, step_time=c) for r, c in enumerate([0.010, 0.020, 0.040, 0.080])}
-    assert auto_margin(records) == pytest.approx(1 / (100 + 50 + 25 + 12.5))
+def test_the_round_is_the_slowests_step_when_the_others_fill_it():
+    assert round_length([0.010, 0.020, 0.040, 0.080]) == pytest.approx(0.080)
+    assert round_length([0.080]) == pytest.approx(0.080)
+    with pytest.raises(ValueError, match="step times"):
+        round_length([0.0, 0.1])
 
 
-def test_auto_margin_takes_a_step_that_overruns_less_than_it_and_not_one_more():
-    # The slowest (80 ms) began its step 3 ms before the caller (20 ms steps) reported: 77 ms
-    # are left. A fourth step ends 3 ms after the slowest, less than the 5.3 ms margin: taken.
-    # ESync's plain rule (epsilon 0) stops after three and idles the caller for 17 ms.
-    def plan(epsilon):
-        t = ReadinessTracker(workers=4, epsilon=epsilon)
-        _warm(t, [0.010, 0.020, 0.040, 0.080])
-        t.report(3, round=2, steps=0, step_time=0.080, now=1.000)
-        return t.report(1, round=2, steps=0, step_time=0.020, now=1.003)
-    assert plan(None).steps_left == 4
-    assert plan(0.0).steps_left == 3
-    # The caller re-applies the rule with the margin it was sent, as a fraction of its step.
-    d = plan(None)
-    assert d.epsilon == pytest.approx(-1 / 187.5 / 0.020)
-    assert not would_overrun(0.020, 0.015, d.epsilon)  # ends 5 ms late: within the margin
+def test_the_round_stretches_to_fit_steps_that_just_miss_the_slowests():
+    # Speeds near 1 : 2 : 4 : 8: in the slowest's 76.2 ms the others fit 7, 3 and 1 steps and
+    # idle 2.7, 14.4 and 36.2 ms. Stretched to 84 ms (8 steps of 10.5 ms) they fit 8, 4 and 2,
+    # and only the slowest idles (7.8 ms): the mean computing time ratio goes from 0.83 to 0.96.
+    times = [0.0105, 0.0206, 0.040, 0.0762]
+    assert round_length(times) == pytest.approx(0.084)
+    t = ReadinessTracker(workers=4)
+    _warm(t, times)
+    plans = [t.report(r, round=2, steps=0, step_time=c, now=1.0) for r, c in enumerate(times)]
+    assert [p.steps_left for p in plans] == [8, 4, 2, 1]
+    assert plans[0].time_left == pytest.approx(0.084) and t.length == pytest.approx(0.084)
+    # ESync's own rule (a numeric epsilon) keeps the round to the slowest's step.
+    t0 = ReadinessTracker(workers=4, epsilon=0.0)
+    _warm(t0, times)
+    assert [t0.report(r, 2, 0, c, now=1.0).steps_left for r, c in enumerate(times[:3])] == [7, 3, 1]
+
+
+def test_a_stretch_that_idles_the_slowest_more_than_it_fills_is_not_taken():
+    # 30 ms and 100 ms: 3 steps fill 90 of the slowest's 100 ms (mean ratio 0.95); a fourth
+    # would stretch the round to 120 ms and idle the slowest for 20 (mean 0.92).
+    assert round_length([0.030, 0.100]) == pytest.approx(0.100)
+
+
+def test_a_planned_step_may_overrun_the_round_by_a_pth_of_itself():
+    # Worth it while the P - 1 others wait less in all than the caller would idle.
+    assert auto_epsilon(4) == -0.25
+    with pytest.raises(ValueError, match="workers"):
+        auto_epsilon(0)
+    t = ReadinessTracker(workers=4)
+    _warm(t, [0.010, 0.020, 0.040, 0.080])
+    d = t.report(1, round=2, steps=0, step_time=0.020, now=1.0)
+    assert d.epsilon == -0.25
+    assert not would_overrun(0.020, 0.016, d.epsilon)  # ends 4 ms late: taken
     assert would_overrun(0.020, 0.014, d.epsilon)      # ends 6 ms late: not worth it

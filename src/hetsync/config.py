@@ -81,6 +81,9 @@ class Config:
                                   "help": "ESync readiness margin ε, a fraction of the caller's "
                                           "step time c: stop when c(1+ε) > the slowest's time "
                                           "left; auto: overrun by at most 1/Σ(1/c_i)"})
+    overlap: bool = field(default=True, metadata={"flags": ("--overlap",),
+                          "help": "ESync: sum the weight deltas in the background while the "
+                                  "next round's first steps run (0/1; 0: ESync as published)"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),

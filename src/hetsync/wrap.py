@@ -55,7 +55,6 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         self.algo.setup()
         self._last_step = time.perf_counter()
-        self.algo.begin_step()  # the user's next step begins as this call returns
 
     @property
     def param_groups(self):
@@ -84,11 +83,16 @@ class DistributedOptimizer:
         if self.algo.wants_sync(step_time):
             self.algo.synchronize()
         self._last_step = time.perf_counter()
-        self.algo.begin_step()
         return loss
 
+    def global_model(self):
+        """A context in which the model holds the global weights: evaluate inside it (ESync
+        applies its sums in the background and keeps its local steps apart meanwhile)."""
+        return self.algo.global_model()
+
     def finish(self) -> None:
-        """Say goodbye to the servers (asynchronous modes) at the end of training."""
+        """Apply what is in flight, keep the global model, and say goodbye to the servers
+        (asynchronous modes) at the end of training."""
         self.algo.finish()
 
     def state_dict(self):

@@ -22,7 +22,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 
 def build_algorithm(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     comm: CommContext, *, state_client=None, global_lr: float = 1.0,
-                    server_lr: float | None = None, device_name: str = "") -> Algorithm:
+                    server_lr: float | None = None, device_name: str = "",
+                    overlap: bool = True) -> Algorithm:
     """The worker side of `mode`; ValueError naming the mode if it is unknown."""
     if mode not in ALGORITHMS:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(ALGORITHMS)}")
@@ -30,7 +31,7 @@ def build_algorithm(mode: str, model: torch.nn.Module, optimizer: torch.optim.Op
         if state_client is None:
             raise ValueError("mode 'esync' needs a state server client (-ip/-port)")
         return ESync(model, optimizer, comm, state_client=state_client, global_lr=global_lr,
-                     device_name=device_name)
+                     device_name=device_name, overlap=overlap)
     if mode in ("async", "dcasgd"):
         if comm.ps_client is None:
             raise ValueError(f"mode {mode!r} needs a parameter server")

@@ -76,13 +76,12 @@ class AsynchronousSGD(Algorithm):
             weights = self.comm.ps_client.pull()
         unflatten_into(weights.to(self._device()), self.parameters())
 
-    def synchronize(self, control: torch.Tensor | None = None) -> torch.Tensor | None:
+    def synchronize(self, control: torch.Tensor | None = None) -> None:
         grad = flatten(gradients(self.parameters())).float().cpu()
         with self.comm.clock.phase("comm"):
             weights = self.comm.ps_client.push_pull(grad)
         unflatten_into(weights.to(self._device()), self.parameters())
         self.round += 1
-        return None
 
     @property
     def lr(self) -> float:

@@ -4,21 +4,26 @@ and flat views of a model's parameters, gradients and BatchNorm statistics.
 A mode decides, step by step, between a local update and communication; it never opens files or
 prints. The training loop (and `hetsync.wrap`) drives it as:
 
-0. `algo.begin_step()` — a step is about to begin (before its data is drawn);
 1. forward and backward (gradients in `p.grad`);
 2. `algo.local_step()` — the local update, if the mode makes one;
 3. (emulated slowdown)
 4. `algo.wants_sync(step_time)` — does this step end a round?
-5. if so, `algo.synchronize(control)` — communicate and apply the global update. `control` is a
-   small float tensor summed across workers along with the model traffic (the loop's
-   cluster-wide decisions: samples, evaluate, stop); modes without a collective return None.
+5. if so, `algo.settle()` (a mode that aggregates in the background, ESync with `overlap`,
+   waits for the previous round's sum) and `algo.synchronize(control)` — communicate and
+   apply the global update. `control` is a small float tensor summed across workers along
+   with the model traffic (the loop's cluster-wide decisions: samples, evaluate, stop);
+6. after `synchronize` and after every step, `algo.agreed_control()`: the sum of a round's
+   control vectors once it is in (at once, or some steps later in the background), else None.
+   Modes without a collective have none. The model is evaluated inside `algo.global_model()`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from concurrent.futures import Future
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -66,12 +71,8 @@ class CommContext:
         """Sum `buffer` over the workers with the chosen collective; time it as `comm`."""
         if self.workers == 1:
             return buffer
-        from hetsync.comm import all_reduce
-
-        on_wire = buffer if self.comm_device is None else buffer.to(self.comm_device)
         with self.clock.phase("comm"):
-            all_reduce(on_wire, algorithm=self.collective, group=self.group, timeout=self.timeout)
-        return on_wire.to(buffer.device) if on_wire is not buffer else buffer
+            return self._reduce(buffer)
 
     def wait_for_peers(self, phase: str = "wait") -> None:
         """A barrier over the workers, timed as `phase`: the time a fast worker idles for a slow
@@ -85,6 +86,33 @@ class CommContext:
         with self.clock.phase(phase):
             all_reduce(flag, algorithm="butterfly", group=self.group, timeout=self.timeout)
 
+    def start_all_reduce(self, buffer: torch.Tensor) -> Future:
+        """Begin summing `buffer` over the workers on a background thread and return a future
+        of the sum; the caller times its own wait for it (the transfer overlaps its work).
+        Collectives must be issued in the same order on every rank: keep one in flight at a
+        time. The thread is a daemon, so a worker that fails exits at once instead of waiting
+        for its peers' timeout."""
+        future: Future = Future()
+        if self.workers == 1:
+            future.set_result(buffer)
+            return future
+
+        def run() -> None:
+            try:
+                future.set_result(self._reduce(buffer))
+            except BaseException as exc:  # noqa: BLE001 - raised again by future.result()
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="hetsync-all-reduce", daemon=True).start()
+        return future
+
+    def _reduce(self, buffer: torch.Tensor) -> torch.Tensor:
+        from hetsync.comm import all_reduce
+
+        on_wire = buffer if self.comm_device is None else buffer.to(self.comm_device)
+        all_reduce(on_wire, algorithm=self.collective, group=self.group, timeout=self.timeout)
+        return on_wire.to(buffer.device) if on_wire is not buffer else buffer
+
 
 class Algorithm:
     """Base of every mode. Subclasses override the hooks they need."""
@@ -97,13 +125,11 @@ class Algorithm:
                  comm: CommContext):
         self.model, self.optimizer, self.comm = model, optimizer, comm
         self.round = 1
+        self._control: torch.Tensor | None = None  # see `agreed_control`
 
     # ----------------------------------------------------------------- hooks
     def setup(self) -> None:
         """Make every worker start from the same model."""
-
-    def begin_step(self) -> None:
-        """A step is about to begin (ESync reports to its state server at a round's start)."""
 
     def local_step(self) -> None:
         """The local update from the gradients in `p.grad`, if the mode makes one."""
@@ -111,11 +137,26 @@ class Algorithm:
     def wants_sync(self, step_time: float) -> bool:
         return True
 
-    def synchronize(self, control: torch.Tensor | None = None) -> torch.Tensor | None:
+    def synchronize(self, control: torch.Tensor | None = None) -> None:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Wait for, and apply, an aggregation still in flight (none unless in background)."""
+
+    def agreed_control(self) -> torch.Tensor | None:
+        """The sum of the control vectors of the last round whose sum came in, once."""
+        control, self._control = self._control, None
+        return control if control is not None and control.numel() else None
+
+    def global_model(self):
+        """A context in which the model holds the global weights (it does already, unless
+        the mode keeps local progress apart from them)."""
+        return nullcontext()
+
     def finish(self) -> None:
-        """Called once after the last round: say goodbye to the parameter server, if any."""
+        """Called once after the last round: settle, say goodbye to the parameter server, if
+        any."""
+        self.settle()
         if self.comm.ps_client is not None:
             self.comm.ps_client.close()
 
@@ -169,7 +210,7 @@ def gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
-def pack(parts: list[torch.Tensor], control: torch.Tensor | None) -> torch.Tensor:
+def pack(parts: list[torch.Tensor], control: torch.Tensor | None = None) -> torch.Tensor:
     """One contiguous buffer: the model traffic, then the control vector (one collective)."""
     tail = [] if control is None else [control.to(parts[0].dtype if parts else torch.float32)]
     return torch.cat([p.reshape(-1) for p in parts] + tail)

@@ -16,6 +16,5 @@ class LocalSGD(Algorithm):
     def local_step(self) -> None:
         self.optimizer.step()
 
-    def synchronize(self, control: torch.Tensor | None = None) -> torch.Tensor | None:
+    def synchronize(self, control: torch.Tensor | None = None) -> None:
         self.round += 1
-        return None

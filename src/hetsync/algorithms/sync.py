@@ -26,7 +26,7 @@ class SynchronousSGD(Algorithm):
     def setup(self) -> None:
         self.broadcast_model()
 
-    def synchronize(self, control: torch.Tensor | None = None) -> torch.Tensor | None:
+    def synchronize(self, control: torch.Tensor | None = None) -> None:
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
         buffer = pack(grads + stats, control)
@@ -40,4 +40,4 @@ class SynchronousSGD(Algorithm):
         unflatten_into(mean, [p.grad for p in params] + stats)
         self.optimizer.step()
         self.round += 1
-        return None if control is None else buffer[n_model:]
+        self._control = None if control is None else buffer[n_model:]

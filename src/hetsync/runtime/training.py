@@ -2,8 +2,10 @@
 
 Per step: draw a batch of this worker's shard, forward, backward, the mode's local update, the
 emulated slowdown, then ask the mode whether the step ends a round. At the end of a round the
-mode communicates; the loop records the round (compute / wait / comm / bytes), agrees with the
-other workers on evaluation and stopping (`control.py`) and evaluates on rank 0.
+mode communicates and the loop records the round (compute / wait / comm / bytes). When a
+round's sum is in (at once, or some steps later for a mode that aggregates in the background),
+the workers act on what it agreed (`control.py`): samples seen, evaluation (on rank 0, of the
+global model), stop.
 
 Timing follows DESIGN.md: compute = data + forward + backward + local update + emulated slowdown
 (`heterogeneity.py`);
@@ -81,6 +83,7 @@ class TrainingLoop:
         self.slowdown = cfg.slowdown_of(rank)
         self.train_size = len(train_set)
         self.criterion = torch.nn.CrossEntropyLoss()
+        self._exchanged: Agreement | None = None  # asynchronous modes' agreement
 
     # ------------------------------------------------------------------ rank 0's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
@@ -104,7 +107,8 @@ class TrainingLoop:
         start = time.perf_counter()
         train_time = st.train_time(start)
         if self.rank == 0:
-            result = evaluate(self.algo.model, self.test_set, self.device)
+            with self.algo.global_model():
+                result = evaluate(self.algo.model, self.test_set, self.device)
             st.last_acc = result.test_acc
             st.last_eval_train_time = train_time
             if self.eval_recorder is not None:
@@ -139,10 +143,10 @@ class TrainingLoop:
         compute = loss_sum = 0.0
         steps = samples = 0
         meter_before = _meter_totals()
+        eval_recorded = 0.0  # evaluation seconds already in a record
         timer = StepTimer(self.slowdown, cpu_device=self.device.type == "cpu")
         clock.take()
         for epoch, idx in self.batches:
-            algo.begin_step()
             step_start = timer.begin()
             x, y = self.train_set.batch(idx)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -163,30 +167,48 @@ class TrainingLoop:
                     f"rank {self.rank}: training loss is {loss_value} at round {algo.round}; "
                     f"lower the learning rate (-l/-ll, now {algo.lr})")
             loss_sum += loss_value
-            if not algo.wants_sync(step_time):
+            ends_round = algo.wants_sync(step_time)
+            if ends_round:
+                algo.settle()  # a sum still in flight, and its agreement, come first
+            if self._agree(st, agreement_of, collective):
+                break
+            if not ends_round:
                 continue
 
-            # ---- the round ends: communicate, agree, evaluate, record
+            # ---- the round ends: communicate, record
             proposal = self._propose(st, samples, time.perf_counter())
             finished_round = algo.round
-            summed = algo.synchronize(proposal.as_tensor() if collective else None)
-            if collective:
-                agreement = agreement_of.agree(summed)
-            else:
+            algo.synchronize(proposal.as_tensor() if collective else None)
+            if not collective:
                 with clock.phase("wait"):
-                    agreement = self.control.exchange(proposal)
-            st.samples_seen = agreement.samples_seen
-            eval_s = self._evaluate(st, pause_everyone=collective) if agreement.evaluate else 0.0
+                    self._exchanged = self.control.exchange(proposal)
             self._record(finished_round, steps, samples, round_start, compute, loss_sum,
-                         eval_s, meter_before, st, epoch)
-            if agreement.stop:
-                break
+                         st.eval_total - eval_recorded, meter_before, st, epoch)
+            eval_recorded = st.eval_total
             round_start = time.perf_counter()
             compute = loss_sum = 0.0
             steps = samples = 0
             meter_before = _meter_totals()
+            if self._agree(st, agreement_of, collective):
+                break
         algo.finish()
         return st
+
+    def _agree(self, st: LoopState, agreement_of: CollectiveControl | None,
+               collective: bool) -> bool:
+        """Act on a round's agreement if one came in: count samples, evaluate (everyone pauses
+        in collective modes), and say whether to stop."""
+        if collective:
+            summed = self.algo.agreed_control()
+            agreement = None if summed is None else agreement_of.agree(summed)
+        else:
+            agreement, self._exchanged = self._exchanged, None
+        if agreement is None:
+            return False
+        st.samples_seen = agreement.samples_seen
+        if agreement.evaluate:
+            self._evaluate(st, pause_everyone=collective)
+        return agreement.stop
 
     def _record(self, round_, steps, samples, round_start, compute, loss_sum, eval_s,
                 meter_before, st: LoopState, epoch: int) -> None:

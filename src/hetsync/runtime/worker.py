@@ -132,7 +132,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
             state_client.init(cfg.workers, cfg.epsilon)
     algo = build_algorithm(cfg.effective_mode, model, optimizer, comm,
                            state_client=state_client, global_lr=cfg.global_lr,
-                           server_lr=cfg.lr, device_name=device_label(device))
+                           server_lr=cfg.lr, device_name=device_label(device),
+                           overlap=cfg.overlap)
     algo.setup()
 
     control = None

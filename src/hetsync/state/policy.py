@@ -8,7 +8,8 @@ duration `c` of its last step, and answers "may I stop?":
 1. `k = 0`: not ready (every worker does at least one local step per round).
 2. slowest = the rank with the largest `c` (lowest rank on a tie).
 3. The caller is the slowest, or the slowest has already stopped this round: ready.
-4. rest = c_slowest − (now − start of the slowest's current step): the time until it finishes.
+4. rest = c_slowest − (now − start of the slowest's current step): the time until it finishes
+   (with `auto`, below, the round's planned length L in place of c_slowest).
 5. Ready when one more step of the caller would overrun it: `c_caller + ε > rest`.
 
 Two departures from the original, both required by DESIGN.md:
@@ -28,9 +29,16 @@ Two departures from the original, both required by DESIGN.md:
   A report after `k ≥ 1` steps (ESync's own way of asking) is answered by the same rules.
 - The margin scales with the step times. ε = `epsilon` × c_caller (the original's
   fixed 0.5 s is far too coarse for a 10 ms step). ε > 0 is ESync's safety margin (stop early);
-  ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller. hetsync's default,
-  `auto`, lets it overrun by `auto_margin` = 1 / Σ_i 1/c_i, the cluster's time per step: the
-  most that one more step may lengthen a round without lowering the cluster's throughput.
+  ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller.
+- hetsync's default, `auto`, sizes the round to keep every worker busy rather than to the
+  slowest's step alone: the round lasts `round_length` L ≥ c_slowest, the length with the
+  largest mean computing time ratio. ESync's round (L = c_slowest) is that length when the
+  faster workers' steps divide it; when one of them would end its last step just after the
+  slowest (speeds of exactly 1 : 2 : 4 : 8 put every worker at that edge), it stretches the
+  round a little instead of idling that worker for almost a whole step. A worker plans
+  ⌊rest/c⌋ steps and stops sooner if its own clock says the next would overrun L by more than
+  c/P (`auto_epsilon`: a step that slowed down, such as the round's first, which every worker
+  takes at once on shared cores, is still worth finishing by that much).
 
 While any step time is unknown (the first rounds), every worker aggregates after one step (a
 synchronous warm-up that measures `c`).
@@ -40,8 +48,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterable
 
-#: ε: None = `auto_margin`; else a fraction of the caller's step time (sign: module docstring).
+import numpy as np
+
+#: ε: None = `auto` (`round_length`, `auto_epsilon`); else a fraction of the caller's step time
+#: (sign: module docstring).
 DEFAULT_EPSILON: float | None = None
 
 
@@ -52,6 +64,7 @@ class WorkerRecord:
     rank: int
     step_time: float | None = None  # c: duration of its last local step (its own clock)
     steps: int = 0                  # k: local steps this round
+    planned: int = 0                # k + steps_left of its last answer: its steps this round
     step_started: float | None = None  # server time its current step began (estimate)
     stopped: bool = False           # it was told to aggregate now (this round)
     round: int = 0
@@ -75,17 +88,15 @@ class Decision:
         return self.steps_left == 0
 
 
-def auto_margin(records: dict[int, WorkerRecord]) -> float:
-    """The overrun worth allowing, in seconds: 1 / Σ_i 1/c_i, the cluster's time per step.
+def auto_epsilon(workers: int) -> float:
+    """ε of `auto`: the last step may overrun the round by up to 1/P of the caller's step c.
 
-    A round of length T in which the workers take S steps in all trains S/T steps a second;
-    one more step that lengthens the round by d keeps that rate while (S + 1)/(T + d) >= S/T,
-    i.e. d <= T/S. With every worker busy the whole round, T/S = 1 / Σ_i 1/c_i, so a worker
-    takes one more step when it would end at most that long after the slowest (ε = −margin/c).
-    At exact speed ratios (1, 2, 4, 8) a fixed fraction either idles a fast worker for a whole
-    step or lets the slow ones wait; this margin trades the two for throughput."""
-    times = [r.step_time for r in records.values() if r.step_time]
-    return 1.0 / sum(1.0 / c for c in times) if times else 0.0
+    A worker whose next step would end d after the round stops and idles about c − d; taking
+    that step makes the other P − 1 workers wait d more. The cluster's computing time is the
+    greater when (P − 1)·d < c − d, i.e. d < c/P."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return -1.0 / workers
 
 
 def would_overrun(step_time: float, rest: float, epsilon: float) -> bool:
@@ -103,6 +114,32 @@ def steps_until_overrun(step_time: float, rest: float, margin: float) -> int:
     return math.floor(fits + 1e-9) + 1
 
 
+def round_length(step_times: Iterable[float]) -> float:
+    """The round length L in [c_s, 2·c_s) that keeps the workers busiest: the largest mean
+    computing time ratio (1/P) Σ_i ⌊L/c_i⌋·c_i / L (c_s: the slowest's step, which stays one
+    step a round).
+
+    The ratios only jump where L crosses a multiple k·c_i (between those they fall), so those
+    are the candidates; of equally good lengths the shortest is taken, ESync's L = c_s when
+    stretching gains nothing. Each worker's time counts alike: a stretch that fills a faster
+    worker's last step idles the slowest meanwhile, and is taken only when it fills more than
+    it idles. (The cluster's steps per second, Σ_i ⌊L/c_i⌋ / L, would not do: the slowest adds
+    a single step, so rounds twice its step cost almost nothing by that measure.)"""
+    times = np.asarray(sorted(step_times), dtype=np.float64)
+    if times.size == 0 or times[0] <= 0:
+        raise ValueError(f"step times must be > 0, got {step_times!r}")
+    slowest = times[-1]
+    candidates = [np.array([slowest])]
+    for c in times[:-1]:
+        k = np.arange(math.floor(slowest / c) + 1, math.ceil(2 * slowest / c))
+        candidates.append(k * c)
+    lengths = np.unique(np.concatenate(candidates))  # sorted: argmax takes the shortest
+    lengths = lengths[lengths < 2 * slowest]
+    busy = (np.floor(lengths[:, None] / times[None, :] + 1e-9) * times[None, :]).sum(axis=1)
+    ratio = busy / lengths
+    return float(lengths[np.flatnonzero(ratio >= ratio.max() - 1e-12)[0]])
+
+
 def slowest_rank(records: dict[int, WorkerRecord]) -> int | None:
     """The rank with the largest known step time (lowest rank on a tie), or None if any is unknown."""
     if not records or any(r.step_time is None for r in records.values()):
@@ -111,11 +148,13 @@ def slowest_rank(records: dict[int, WorkerRecord]) -> int | None:
 
 
 def decide(records: dict[int, WorkerRecord], caller: int, now: float,
-           epsilon: float | None) -> Decision:
+           epsilon: float | None, length: float | None = None) -> Decision:
     """ESync's readiness rule for `caller`, whose record is already updated with its report.
 
-    A caller that has taken no step this round (`k = 0`) gets `steps_left >= 1` (rule 1), with
-    no `time_left` when it is to stop after that one step."""
+    `length`: the round's planned length with `epsilon` None (`auto`; default: `round_length`
+    of the known step times); with a numeric ε the round is the slowest's step. A caller that
+    has taken no step this round (`k = 0`) gets `steps_left >= 1` (rule 1), with no
+    `time_left` when it is to stop after that one step."""
     me = records[caller]
     must = 1 if me.steps < 1 else 0  # rule 1: at least one local step per round
     slow = slowest_rank(records)
@@ -126,18 +165,25 @@ def decide(records: dict[int, WorkerRecord], caller: int, now: float,
     slowest = records[slow]
     if slowest.stopped:
         return Decision(must, "the slowest has already stopped")
-    if slowest.round == me.round or me.steps >= 1 or slowest.step_started is None:
-        # It reported this round (its step began then), or the caller is well into its round
-        # (ESync's own way of asking): the server's estimate of when its step began.
-        started = slowest.step_started if slowest.step_started is not None else now
-    else:
-        # The caller's round begins now, and the slowest, which has not reported yet, began
-        # its own after the same aggregation: no earlier than the caller, as far as is known.
+    if me.steps < 1 or slowest.step_started is None:
+        # The caller's round begins now, as the slowest's did: every round begins as the same
+        # collective ends. The server's clock would add its own queueing to that common start
+        # (measured: the slowest's report is handled ~10 ms before a peer's sent at the same
+        # moment), so at a round's start the slowest has its whole step left.
         started = now
-    rest = slowest.step_time - (now - started)
-    if epsilon is None:
-        epsilon = -auto_margin(records) / me.step_time
-    j = max(must, steps_until_overrun(me.step_time, rest, epsilon * me.step_time))
+    else:
+        # The caller is well into its round (ESync's own way of asking): the server's
+        # estimate of when the slowest's step began.
+        started = slowest.step_started
+    if epsilon is None:  # auto: the planned length, and a tolerance for a slower step
+        if length is None:
+            length = round_length(r.step_time for r in records.values())
+        rest, margin = length - (now - started), 0.0
+        epsilon = auto_epsilon(len(records))
+    else:
+        rest = slowest.step_time - (now - started)
+        margin = epsilon * me.step_time
+    j = max(must, steps_until_overrun(me.step_time, rest, margin))
     if j == 0:
         return Decision(0, f"one more step ({me.step_time:.4f}s) would overrun the slowest "
                            f"(rank {slow}, {rest:.4f}s left)")
@@ -152,6 +198,7 @@ class ReadinessTracker:
     epsilon: float | None = DEFAULT_EPSILON
     round: int = 0
     round_started: float | None = None
+    length: float | None = None  # auto: this round's planned length, fixed at its first report
     records: dict[int, WorkerRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -175,16 +222,21 @@ class ReadinessTracker:
         me.queries += 1
         if round < self.round:  # a late report of a finished round: let it catch up at once
             return Decision(0, f"round {round} already ended (now {self.round})")
-        decision = decide(self.records, rank, now, self.epsilon)
+        if (self.epsilon is None and self.length is None
+                and slowest_rank(self.records) is not None):
+            self.length = round_length(r.step_time for r in self.records.values())
+        decision = decide(self.records, rank, now, self.epsilon, self.length)
         me.stopped = me.stopped or decision.ready
+        me.planned = steps + decision.steps_left
         return decision
 
     def _start_round(self, round: int, started: float) -> None:
-        self.round, self.round_started = round, started
+        self.round, self.round_started, self.length = round, started, None
         for r in self.records.values():
             r.steps, r.stopped = 0, False
             r.step_started = started  # everyone began its first step when the round began
 
     def status(self) -> dict:
         return {"workers": self.workers, "epsilon": self.epsilon, "round": self.round,
+                "round_length": self.length,
                 "records": [vars(r).copy() for r in self.records.values()]}

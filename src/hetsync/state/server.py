@@ -3,7 +3,7 @@
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
 - `POST /init`   `{"workers": N, "epsilon": -0.2 | null}` → `{"ok": true}`; starts afresh
-  (`epsilon` null or absent: the server's own, by default `auto`, see `policy.auto_margin`).
+  (`epsilon` null or absent: the server's own, by default `auto`, see `policy.round_length`).
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
   caller's margin as a fraction of its step),
@@ -140,19 +140,21 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                 "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
                     r.rank, r.device or "?",
                     "?" if r.step_time is None else f"{r.step_time * 1000:.1f} ms",
-                    r.steps, r.round,
+                    r.planned, r.round,
                     "never" if r.last_seen is None else f"{now - r.last_seen:.1f} s ago",
                     r.queries)) + "</tr>"
                 for r in tracker.records.values())
             eps = "auto" if tracker.epsilon is None else tracker.epsilon
             head = f"round {tracker.round} · {tracker.workers} workers · ε = {eps}"
+            if tracker.length is not None:
+                head += f" · round length {tracker.length * 1000:.1f} ms"
         return Response(
             "<!doctype html><html><head><meta charset='utf-8'>"
             "<meta http-equiv='refresh' content='1'><title>hetsync state server</title>"
             "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:right}"
             "</style></head><body>"
             f"<h2>hetsync state server</h2><p>{html.escape(head)}</p><table>"
-            "<tr><th>rank</th><th>device</th><th>step time</th><th>local steps this round</th>"
+            "<tr><th>rank</th><th>device</th><th>step time</th><th>local steps this round (planned)</th>"
             "<th>round</th><th>last seen</th><th>queries</th></tr>"
             f"{rows}</table></body></html>", mimetype="text/html")
 
