@@ -80,7 +80,9 @@ class Config:
                                   "parser": "epsilon",
                                   "help": "ESync readiness margin ε, a fraction of the caller's "
                                           "step time c: stop when c(1+ε) > the slowest's time "
-                                          "left; auto: overrun by at most 1/Σ(1/c_i)"})
+                                          "left; auto: the round length that keeps the "
+                                          "workers busiest, a planned step may overrun it "
+                                          "by c/P"})
     overlap: bool = field(default=True, metadata={"flags": ("--overlap",),
                           "help": "ESync: sum the weight deltas in the background while the "
                                   "next round's first steps run (0/1; 0: ESync as published)"})

@@ -9,8 +9,9 @@ global model), stop.
 
 Timing follows DESIGN.md: compute = data + forward + backward + local update + emulated slowdown
 (`heterogeneity.py`);
-wait = barrier and state-server queries; comm = the transfers; evaluation is kept apart, and the
-training time used for time-to-accuracy excludes it.
+wait = barrier, state-server queries and time blocked on a sum still in flight; comm = the
+transfers on the critical path; evaluation is kept apart, and the training time used for
+time-to-accuracy excludes it.
 """
 
 from __future__ import annotations

@@ -12,21 +12,23 @@ duration `c` of its last step, and answers "may I stop?":
    (with `auto`, below, the round's planned length L in place of c_slowest).
 5. Ready when one more step of the caller would overrun it: `c_caller + ε > rest`.
 
-Two departures from the original, both required by DESIGN.md:
+Where hetsync departs from the original:
 
-- No synchronised clocks. Every time here is the *server's* clock: a step's end is the arrival
-  of its report, a round's start is estimated from the first report of the round. Workers send
-  only durations measured on their own clocks.
+- No synchronised clocks. Workers send only durations measured on their own clocks. A round
+  begins for every worker as the previous round's sum is sent, so a report at a round's start
+  (`k = 0`) counts the slowest's whole step from the caller's own start; the server's clock
+  would add its queueing to that common start (measured: the slowest's report handled ~10 ms
+  before a peer's sent at the same moment). A report after `k ≥ 1` steps (ESync's own way of
+  asking) is timed on the server's clock: a step's end is the arrival of its report.
 - One query per round, answered while the worker computes. Instead of asking before every
-  batch, a worker reports once, when its round begins (`k = 0`, with its smoothed step time
-  from the rounds before), and takes its first step while the answer travels (the paper's
-  "non-blocking mode with delayed ACK"). The answer carries `rest` (`time_left`) and the number
-  of steps `j` after which rule 5 fires if step times stay as they are: after `j` steps
-  rest_j = rest − j·c_caller, so `j` is the least j ≥ 0 with `c + ε > rest − j·c`, and at
-  least 1 at the round's start (rule 1). The worker then applies rule 5 itself after each step,
-  with its own latest step duration and the time elapsed since it asked, both measured on its
-  own clock — so a step that slows down mid-round (a busy machine) does not make it overrun.
-  A report after `k ≥ 1` steps (ESync's own way of asking) is answered by the same rules.
+  batch, a worker reports once per round, with its smoothed step time, and takes the round's
+  first step while the answer travels (the paper's "non-blocking mode with delayed ACK"). The
+  answer carries `rest` (`time_left`) and the number of steps `j` after which rule 5 fires if
+  step times stay as they are: after `j` steps rest_j = rest − j·c_caller, so `j` is the least
+  j ≥ 0 with `c + ε > rest − j·c`, and at least 1 at the round's start (rule 1). The worker
+  then applies rule 5 itself after each step, with its own latest step duration and the time
+  elapsed since its round began, both on its own clock — so a step that slows down mid-round
+  (a busy machine) does not make it overrun.
 - The margin scales with the step times. ε = `epsilon` × c_caller (the original's
   fixed 0.5 s is far too coarse for a 10 ms step). ε > 0 is ESync's safety margin (stop early);
   ε < 0 lets the last step overrun the slowest's by up to |ε|·c_caller.
@@ -127,7 +129,7 @@ def round_length(step_times: Iterable[float]) -> float:
     a single step, so rounds twice its step cost almost nothing by that measure.)"""
     times = np.asarray(sorted(step_times), dtype=np.float64)
     if times.size == 0 or times[0] <= 0:
-        raise ValueError(f"step times must be > 0, got {step_times!r}")
+        raise ValueError(f"step times must be > 0, got {times.tolist()}")
     slowest = times[-1]
     candidates = [np.array([slowest])]
     for c in times[:-1]:
