@@ -69,12 +69,13 @@ def _esync_each_collective(rank, world, state_port):
         local = flatten(list(model.parameters())).clone()
         stats = flatten(bn_statistics(model)).clone()
         assert algo.wants_sync(0.01), "warm-up round must aggregate after one step"
-        algo.synchronize()
         # What ESync must give with global_lr 1: the mean of the local models and statistics,
-        # computed here with torch.distributed's own all-reduce.
+        # computed here with torch.distributed's own all-reduce (before ESync's, which may run
+        # in the background: one collective in flight at a time).
         expected = torch.cat([local, stats])
         dist.all_reduce(expected, group=group)
         expected /= workers
+        algo.synchronize()
         if overlap:  # a step while the sum travels is kept on top of it (CoCoD-SGD)
             _step(model, opt, rank)
             algo.local_step()
