@@ -150,23 +150,21 @@ class ESync(Algorithm):
     @contextmanager
     def global_model(self) -> Iterator[None]:
         """Hold w_global (and the global BN statistics) in the model meanwhile."""
-        params, stats = self.parameters(), bn_statistics(self.model)
-        local = flatten(params)
-        local_stats = pack(stats) if stats else None
-        unflatten_into(self._global, params)
-        if stats:
-            unflatten_into(self._global_stats, stats)
+        stats = bn_statistics(self.model)
+        local = (flatten(self.parameters()), pack(stats) if stats else None)
+        self._load(self._global, self._global_stats)
         try:
             yield
         finally:
-            unflatten_into(local, params)
-            if stats:
-                unflatten_into(local_stats, stats)
+            self._load(*local)
+
+    def _load(self, weights: torch.Tensor, stats: torch.Tensor | None) -> None:
+        unflatten_into(weights, self.parameters())
+        if stats is not None:
+            unflatten_into(stats, bn_statistics(self.model))
 
     def finish(self) -> None:
         self._plan = None  # a report of a round that will not run: its answer is not read
         super().finish()
         # The steps taken since the last send are in no average: keep the global model.
-        unflatten_into(self._global, self.parameters())
-        if self._global_stats is not None:
-            unflatten_into(self._global_stats, bn_statistics(self.model))
+        self._load(self._global, self._global_stats)

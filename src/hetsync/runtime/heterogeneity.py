@@ -10,8 +10,8 @@ So the device's own work is measured as the CPU time the step used (on a CPU dev
 the step's wall time after `cuda.synchronize`): the calling thread's when torch computes on one
 thread (hetsync's default), so that a communication thread's work in the background (ESync's
 overlap, gloo's own threads) is not taken for the device's; else the process's. Its typical
-value is the median of the last `WINDOW` steps (the CPU time of a step on shared cores still
-varies with its neighbours' cache traffic), and the sleep tops the step up to F × that:
+value is the median of the first `CALIBRATION` steps (the CPU time of a step on shared cores
+still varies with its neighbours' cache traffic), and the sleep tops the step up to F × that:
 
     work  = median of min(cpu, wall) over the first CALIBRATION steps   (CPU; wall on a GPU)
     sleep = max(0, F · work − wall)
