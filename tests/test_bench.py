@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hetsync.bench import modes
+from hetsync.bench import results as res
 from hetsync.bench.lr import best_of_sweep, linear_scaling
 from hetsync.bench.peer_launch import launch_peer
 from hetsync.bench.peers import PeerOptions, ring_bytes
@@ -51,6 +52,35 @@ def test_linear_scaling_and_sweep_choice():
     with pytest.raises(ValueError):
         best_of_sweep({0.1: None})
     assert ring_bytes(1000, 4) == 6000 and ring_bytes(1000, 1) == 0
+
+
+def _summary(tta: float | None, acc: float, throughput: float) -> dict:
+    return {"mode": "esync", "time_to_accuracy": {"0.8": tta}, "final_accuracy": acc,
+            "samples": 1000, "throughput": throughput, "utilisation": 0.9, "traffic_Bps": 1e6}
+
+
+def test_repeats_are_combined_into_medians_with_their_range():
+    runs = [res.RunResult("esync", "mode", 0.2, "base", run_dir=Path(f"esync-seed{i}"),
+                          summary=_summary(tta, acc, thr), seed=i)
+            for i, (tta, acc, thr) in enumerate([(4.0, 0.88, 100.0), (None, 0.86, 300.0),
+                                                 (6.0, 0.87, 200.0)])]
+    row = res.combine(runs)
+    assert row.run_dir == Path("esync-seed0") and row.error is None and len(row.repeats) == 3
+    # a missed target counts as never: the median of 4, 6 and never is 6
+    assert row.summary["time_to_accuracy"]["0.8"] == 6.0
+    assert row.summary["final_accuracy"] == 0.87 and row.summary["throughput"] == 200.0
+    headers, cells = res.rows([row], [0.8], 0.8, train_size=500)
+    cell = dict(zip(headers, cells[0]))
+    assert cell["tta 0.8 (s)"] == "6.0 (4.0–6.0, 1 —)"
+    assert cell["final acc"] == "0.8700 (0.8600–0.8800)" and cell["samples/s"] == "200"
+    # two of three seeds missing the target: the median misses it too
+    runs[0].summary = _summary(None, 0.88, 100.0)
+    assert res.combine(runs).summary["time_to_accuracy"]["0.8"] is None
+    # a failed seed is named; the others still make the row
+    runs[1] = res.RunResult("esync", "mode", 0.2, "base", error="worker 3 died", seed=1)
+    row = res.combine(runs)
+    assert row.error == "seed 1: worker 3 died" and row.summary["runs"] == 2
+    assert res.combine(runs[:1]) is runs[0]  # one seed: the run itself
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -167,3 +197,27 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
     for png in ("accuracy.png", "throughput.png", "speedup.png", "timeline-ddp.png"):
         assert (results / "bench-t" / png).stat().st_size > 0, png
     assert "speedup vs sync" in out
+
+
+@pytest.mark.slow
+def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
+    results = tmp_path / "results"
+    code = modes.main(BENCH_FLAGS + ["--modes", "local", "--baselines", "", "--repeats", "2",
+                                     "--seed", "3", "--name", "r", "-ld", str(tmp_path / "runs"),
+                                     "--results-dir", str(results)])
+    assert code == 0
+    (run,) = json.loads((results / "bench-r.json").read_text())["runs"]
+    seeds = {r["seed"]: r for r in run["repeats"]}
+    assert list(seeds) == [3, 4]
+    for seed, r in seeds.items():
+        assert Path(r["run_dir"]).name == f"local-seed{seed}"
+        assert json.loads((Path(r["run_dir"]) / "config.json").read_text())["seed"] == seed
+    losses = [_losses(Path(r["run_dir"]), 0) for r in seeds.values()]
+    assert losses[0] != losses[1]  # another seed, another run
+    # the row is the median (here the mean) of the two seeds, and shows their range
+    assert run["summary"]["runs"] == 2
+    for key in ("final_accuracy", "throughput"):
+        each = [r["summary"][key] for r in seeds.values()]
+        assert run["summary"][key] == pytest.approx(sum(each) / 2), key
+    accs = [r["summary"]["final_accuracy"] for r in seeds.values()]
+    assert f"{min(accs):.4f}–{max(accs):.4f}" in (results / "bench-r.md").read_text()

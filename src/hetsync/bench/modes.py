@@ -9,13 +9,16 @@ another:
    run; `local` is the sequential reference: one worker, no slowdown, the same budget;
 2. a fair learning rate (:mod:`hetsync.bench.lr`): linear scaling by default, or the best of a
    short sweep per mode with `--lr-sweep`;
-3. a progress line per run (k of n, how far, last accuracy);
-4. at the end, every run directory is summarised, the figures are drawn together
+3. `--repeats N`: each run N times, seeds `--seed` to `--seed`+N-1, the table holding medians
+   and ranges (:func:`hetsync.bench.results.combine`); the learning rate is chosen once;
+4. a progress line per run (k of n, how far, last accuracy);
+5. at the end, every run directory is summarised, the figures are drawn together
    (:func:`hetsync.telemetry.plots.plot_runs`, `local` dashed as sequential SGD) into
    `RESULTS_DIR/bench-NAME/`, and the comparison table is printed and written to
    `RESULTS_DIR/bench-NAME.md` with the command and the machine, and to `bench-NAME.json`.
 
-Run directories go to `LOG_DIR/bench-NAME/LABEL` (sweeps under `.../sweep/`).
+Run directories go to `LOG_DIR/bench-NAME/LABEL` (`LABEL-seedS` with repeats; sweeps under
+`.../sweep/`).
 """
 
 from __future__ import annotations
@@ -153,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timeout", type=_positive(float), default=120.0,
       help="seconds before a silent peer is declared dead (default: 120)")
     a("--seed", type=_non_negative_int, default=0, help="random seed (default: 0)")
+    a("--repeats", type=_positive(int), default=1,
+      help="runs per mode, seeds SEED..SEED+N-1; the table shows medians and ranges "
+      "(default: 1)")
     a("--name", default=None, help="name of this bench (default: the date and time)")
     a("-ld", "--log-dir", default="runs", help="where run directories go (default: runs)")
     a("--results-dir", default="results",
@@ -304,9 +310,14 @@ def bench(args, argv: list[str], stream=None) -> int:
     else:
         choices = {label: linear_scaling(label, args.lr, base.workers) for label in labels}
     results = []
-    for k, label in enumerate(labels, 1):
-        out = execute(make_run(args, base, label, choices[label]), k, len(labels),
-                      train_size=train_size, quiet=args.quiet, stream=stream)
+    seeds = [args.seed + i for i in range(args.repeats)]
+    plan = [(label, seed) for label in labels for seed in seeds]
+    for k, (label, seed) in enumerate(plan, 1):
+        run_name = label if args.repeats == 1 else f"{label}-seed{seed}"
+        out = execute(make_run(args, base, label, choices[label], seed=seed, run_name=run_name),
+                      k, len(plan), train_size=train_size, quiet=args.quiet, stream=stream,
+                      label=run_name)
+        out.seed = seed
         results.append(out)
     load_after = os.getloadavg()
 
@@ -315,6 +326,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     for r in results:  # again, with every target (and the speedup one)
         if r.summary is not None:
             r.summary = summarize(r.run_dir, targets)
+    results = [res.combine([r for r in results if r.label == label]) for label in labels]
     has_sync = res.compute_speedups(results, targets)
 
     results_dir = Path(args.results_dir)
@@ -351,7 +363,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     for note in notes:
         print(f"  {note}", file=stream)
     print(f"\ntable: {md}\njson:  {js}\nfigures: {fig_dir}", file=stream, flush=True)
-    return 0 if all(r.summary is not None for r in results) else 1
+    return 1 if any(r.error for r in results) else 0
 
 
 def _setup(args, base: Config) -> dict:
@@ -362,7 +374,10 @@ def _setup(args, base: Config) -> dict:
             "network": base.network, "dataset": base.dataset,
             "batch per worker": base.batch_size, "budget per run": budget,
             "evaluation every": f"{base.eval_interval:g} s", "collective": base.collective,
-            "seed": base.seed, "threads per worker": base.threads,
+            "seed": (base.seed if args.repeats == 1 else
+                     f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "
+                     "runs, range in parentheses; figures from the first seed)"),
+            "threads per worker": base.threads,
             "local SGD": f"K={args.localsgd_period}, warm-up {args.localsgd_warmup} steps"}
 
 

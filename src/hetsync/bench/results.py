@@ -4,12 +4,18 @@ One row per run: the learning rate and how it was chosen, time-to-accuracy per t
 time, evaluation excluded), speedup over the `sync` run of the same bench at the speedup target,
 final accuracy, epochs of data trained, throughput, utilisation and traffic (DESIGN.md
 "Definitions of the figures"). A run that failed keeps its row, with the reason.
+
+With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
+time-to-accuracy and final accuracy cells show their range: one evaluation every few seconds
+and a first crossing of a noisy curve make a single run's time-to-accuracy vary by a third.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import platform
 import subprocess
 import time
@@ -33,6 +39,43 @@ class RunResult:
     summary: dict[str, Any] | None = None
     error: str | None = None
     speedup: dict[str, float | None] = field(default_factory=dict)
+    #: with repeats: every seed's run (``summary`` then holds their medians)
+    repeats: list["RunResult"] = field(default_factory=list)
+    seed: int | None = None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """Median, `None` read as never (infinite): a target missed by most seeds stays missed."""
+    m = statistics.median([math.inf if v is None else v for v in values])
+    return None if math.isinf(m) else m
+
+
+def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The median over several seeds' runs of each figure of the table."""
+    out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries)}
+    for key in ("final_accuracy", "samples", "throughput", "utilisation", "traffic_Bps"):
+        out[key] = _median([s.get(key) for s in summaries])
+    out["time_to_accuracy"] = {t: _median([s["time_to_accuracy"].get(t) for s in summaries])
+                               for t in summaries[0]["time_to_accuracy"]}
+    return out
+
+
+def combine(runs: Sequence[RunResult]) -> RunResult:
+    """One result for the runs of one label over several seeds (the runs themselves when one).
+
+    Its summary is the median over the seeds that completed; its run directory (drawn in the
+    figures) is the first completed seed's; a seed that failed is named in its error.
+    """
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    done = [r for r in runs if r.summary is not None]
+    failed = [r for r in runs if r.summary is None]
+    error = "; ".join(f"seed {r.seed}: {(r.error or '').splitlines()[0]}" for r in failed)
+    return RunResult(first.label, first.kind, first.lr, first.lr_how,
+                     run_dir=done[0].run_dir if done else None,
+                     summary=median_summary([r.summary for r in done]) if done else None,
+                     error=error or None, repeats=list(runs))
 
 
 def compute_speedups(results: Sequence[RunResult], targets: Sequence[float]) -> bool:
@@ -48,6 +91,21 @@ def compute_speedups(results: Sequence[RunResult], targets: Sequence[float]) -> 
 
 def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
+
+
+def _spread(r: RunResult, value: Any, fmt: str, get) -> str:
+    """`value` alone, or with the range over the seeds when `r` has repeats."""
+    text = _num(value, fmt)
+    if len(r.repeats) < 2:
+        return text
+    each = [get(x.summary) for x in r.repeats if x.summary is not None]
+    missed = sum(v is None for v in each) + sum(x.summary is None for x in r.repeats)
+    each = [v for v in each if v is not None]
+    if not each:
+        return text
+    span = (f"{format(min(each), fmt)}–{format(max(each), fmt)}" if len(each) > 1
+            else format(each[0], fmt))
+    return f"{text} ({span}{f', {missed} —' if missed else ''})"
 
 
 def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: float,
@@ -67,9 +125,12 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
         epochs = s["samples"] / train_size if train_size else None
         traffic = s.get("traffic_Bps")
         out.append([r.label, lr]
-                   + [_num(s["time_to_accuracy"].get(target_key(t)), ".1f") for t in targets]
+                   + [_spread(r, s["time_to_accuracy"].get(target_key(t)), ".1f",
+                              lambda x, t=t: x["time_to_accuracy"].get(target_key(t)))
+                      for t in targets]
                    + [_num(r.speedup.get(target_key(speedup_at)), ".2f"),
-                      _num(s["final_accuracy"], ".4f"), _num(epochs, ".2f"),
+                      _spread(r, s["final_accuracy"], ".4f", lambda x: x["final_accuracy"]),
+                      _num(epochs, ".2f"),
                       _num(s["throughput"], ",.0f"), _num(s["utilisation"], ".2f"),
                       _num(traffic and traffic / 1e6, ".2f")])
     return headers, out
@@ -115,9 +176,13 @@ def write_json(path: Path, doc: dict[str, Any]) -> Path:
 
 def result_doc(r: RunResult) -> dict[str, Any]:
     s = r.summary
-    return {"label": r.label, "kind": r.kind, "lr": r.lr, "lr_how": r.lr_how,
-            "run_dir": str(r.run_dir) if r.run_dir else None, "error": r.error,
-            "speedup_vs_sync": r.speedup, "summary": s}
+    doc = {"label": r.label, "kind": r.kind, "lr": r.lr, "lr_how": r.lr_how,
+           "run_dir": str(r.run_dir) if r.run_dir else None, "error": r.error,
+           "speedup_vs_sync": r.speedup, "summary": s}
+    if r.repeats:
+        doc["repeats"] = [{"seed": x.seed, "run_dir": str(x.run_dir) if x.run_dir else None,
+                           "error": x.error, "summary": x.summary} for x in r.repeats]
+    return doc
 
 
 def write_markdown(path: Path, *, name: str, command: str, machine: dict, setup: dict,
