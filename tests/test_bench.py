@@ -109,7 +109,8 @@ def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv,
 
 
 def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
-    args = modes.build_parser().parse_args(["--dataset", "synthetic", "-n", "mlp"])
+    args = modes.build_parser().parse_args(["--dataset", "synthetic", "-n", "mlp",
+                                            "--partition", "shared"])
     base = modes.base_config(args, tmp_path)
     assert base.workers == 4 and base.slowdowns == (1, 2, 4, 8) and base.time_budget == 60
     runs = {label: modes.make_run(args, base, label, linear_scaling(label, 0.05, 4))
@@ -120,6 +121,7 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     assert runs["localsgd"].opts.period == 8 and runs["ddp"].kind == "baseline"
     for run in runs.values():
         assert run.cfg.time_budget == 60 and run.cfg.seed == 0 and run.cfg.network == "mlp"
+        assert run.cfg.partition == "shared"
     swept = modes.make_run(args, base, "sync", best_of_sweep({0.1: 0.5}), run_name="sync-lr0.1")
     assert swept.cfg.run_name == "sync-lr0.1" and swept.cfg.lr == 0.1
 

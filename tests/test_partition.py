@@ -13,6 +13,7 @@ from hetsync.data import (
     dirichlet_partition,
     iid_partition,
     partition,
+    shared_partition,
 )
 
 
@@ -56,6 +57,14 @@ def test_iid_shards_see_all_classes():
     for s in partition("iid", y, 6, seed=0):
         counts = np.bincount(y[s], minlength=10)
         assert counts.min() > 60  # ~100 each
+
+
+def test_shared_gives_every_worker_the_whole_set():
+    shards = partition("shared", balanced_labels(100), 4, seed=0)
+    assert len(shards) == 4
+    assert all(s.dtype == np.int64 and np.array_equal(s, np.arange(100)) for s in shards)
+    with pytest.raises(ValueError, match="num_workers=4"):
+        shared_partition(3, 4)
 
 
 # --------------------------------------------------------------------------- class (-s 1)
@@ -150,7 +159,7 @@ def test_dirichlet_seeded():
 
 def test_partition_dispatch():
     y = balanced_labels(600)
-    assert PARTITIONS == ("iid", "class", "dirichlet")
+    assert PARTITIONS == ("iid", "shared", "class", "dirichlet")
     for got, want in [
         (partition("iid", y, 3, seed=1), iid_partition(600, 3, seed=1)),
         (partition("class", y, 3, seed=1), class_partition(y, 3)),

@@ -18,7 +18,7 @@ from typing import Any
 
 MODES = ("local", "sync", "esync", "async", "dcasgd")
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
-PARTITIONS = ("iid", "class", "dirichlet")
+PARTITIONS = ("iid", "shared", "class", "dirichlet")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
 #: Modes whose aggregation goes through the parameter server whatever `--collective` says.
 PS_MODES = ("async", "dcasgd")

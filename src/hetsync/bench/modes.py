@@ -39,7 +39,7 @@ from hetsync.bench import results as res
 from hetsync.bench.lr import LrChoice, best_of_sweep, config_overrides, linear_scaling
 from hetsync.bench.peers import BASELINES, PeerOptions
 from hetsync.bench.progress import RunProgress
-from hetsync.config import DATASETS, MODES, Config, ConfigError
+from hetsync.config import DATASETS, MODES, PARTITIONS, Config, ConfigError
 
 DEFAULT_MODES = ("local", "sync", "esync", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "localsgd")
@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset", default="fashion-mnist", choices=DATASETS,
       help="data set (default: fashion-mnist)")
     a("-dd", "--data-dir", default=None, help="data directory (default: the search order)")
+    a("--partition", default="iid", choices=PARTITIONS,
+      help="data partition of every run: iid (disjoint shards, as ESync), shared (every worker "
+      "draws from the whole set), class, dirichlet (default: iid)")
     a("-b", "--batch-size", type=_positive(int), default=64,
       help="mini-batch per worker (default: 64)")
     a("--time-budget", type=_positive(float), default=None,
@@ -199,7 +202,7 @@ def base_config(args, log_dir: Path) -> Config:
     slowdowns = args.slowdowns or tuple(float(2 ** i) for i in range(args.workers))
     time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
     return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
-                  batch_size=args.batch_size, workers=args.workers, slowdowns=slowdowns,
+                  partition=args.partition, batch_size=args.batch_size, workers=args.workers, slowdowns=slowdowns,
                   collective=args.collective, seed=args.seed, threads=args.threads,
                   timeout=args.timeout, eval_interval=args.eval_interval,
                   time_budget=time_budget,
@@ -371,7 +374,7 @@ def _setup(args, base: Config) -> dict:
               else f"{base.time_budget:g} s of training time")
     return {"workers": base.workers,
             "slowdowns": ",".join(f"{f:g}" for f in base.slowdowns),
-            "network": base.network, "dataset": base.dataset,
+            "network": base.network, "dataset": base.dataset, "partition": base.partition,
             "batch per worker": base.batch_size, "budget per run": budget,
             "evaluation every": f"{base.eval_interval:g} s", "collective": base.collective,
             "seed": (base.seed if args.repeats == 1 else

@@ -14,7 +14,8 @@ from .arrays import ArrayDataset, DataSplit
 from .datasets import DATASETS, load_dataset
 from .errors import DataFormatError, DataNotFoundError, IdxFormatError, UnsafePickleError
 from .idx import read_idx, write_idx
-from .partition import PARTITIONS, class_partition, dirichlet_partition, iid_partition, partition
+from .partition import (PARTITIONS, class_partition, dirichlet_partition, iid_partition,
+                        partition, shared_partition)
 from .sampler import ShardSampler
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "write_idx",
     "PARTITIONS",
     "iid_partition",
+    "shared_partition",
     "class_partition",
     "dirichlet_partition",
     "partition",

@@ -1,7 +1,8 @@
 """Partitioners: split sample indices among workers (pure functions, seeded).
 
 Every partitioner returns ``num_workers`` sorted int64 index arrays that are pairwise
-disjoint (a sample belongs to at most one worker). They are pure: the same arguments give the
+disjoint (a sample belongs to at most one worker), except ``shared``, where every worker draws
+from the whole set. They are pure: the same arguments give the
 same result on every machine (``numpy.random.default_rng(seed)``), so each worker can compute
 the whole partition itself and take its own shard, with no communication.
 """
@@ -14,10 +15,11 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-__all__ = ["PARTITIONS", "iid_partition", "class_partition", "dirichlet_partition", "partition"]
+from hetsync.config import PARTITIONS  # the kinds partition() accepts
 
-#: The kinds :func:`partition` accepts.
-PARTITIONS = ("iid", "class", "dirichlet")
+__all__ = ["PARTITIONS", "iid_partition", "shared_partition", "class_partition",
+           "dirichlet_partition", "partition"]
+
 
 Labels = Union[np.ndarray, torch.Tensor, Sequence[int]]
 
@@ -60,6 +62,20 @@ def iid_partition(num_samples: int, num_workers: int, seed: int) -> list[np.ndar
     perm = np.random.default_rng(seed).permutation(n)
     size = n // p
     return [np.sort(perm[r * size : (r + 1) * size]).astype(np.int64) for r in range(p)]
+
+
+def shared_partition(num_samples: int, num_workers: int) -> list[np.ndarray]:
+    """Every worker draws from the whole set, each in its own shuffled order.
+
+    With disjoint shards, a worker F times faster passes over its shard F times as often, so
+    under ESync or asynchronous SGD the fast workers' samples weigh F times more in the model
+    (1, 2, 4, 8: half of all steps come from the fastest worker's quarter of the data). Drawn
+    from one shared set, every sample is as likely as any other whatever the speeds. It needs
+    the whole data set on every machine.
+    """
+    n = operator.index(num_samples)
+    p = _check_workers(num_workers, n)
+    return [np.arange(n, dtype=np.int64) for _ in range(p)]
 
 
 def class_partition(labels: Labels, num_workers: int) -> list[np.ndarray]:
@@ -118,10 +134,12 @@ def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: in
 
 def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5) -> list[np.ndarray]:
     """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` over ``len(labels)`` samples,
-    ``"class"`` → :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition`
+    ``"shared"`` → :func:`shared_partition`, ``"class"`` → :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition`
     with ``alpha``."""
     if kind == "iid":
         return iid_partition(len(_labels(labels)), num_workers, seed)
+    if kind == "shared":
+        return shared_partition(len(_labels(labels)), num_workers)
     if kind == "class":
         return class_partition(labels, num_workers)
     if kind == "dirichlet":
