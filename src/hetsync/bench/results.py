@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import platform
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
