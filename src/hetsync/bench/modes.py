@@ -202,7 +202,8 @@ def base_config(args, log_dir: Path) -> Config:
     slowdowns = args.slowdowns or tuple(float(2 ** i) for i in range(args.workers))
     time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
     return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
-                  partition=args.partition, batch_size=args.batch_size, workers=args.workers, slowdowns=slowdowns,
+                  partition=args.partition, batch_size=args.batch_size,
+                  workers=args.workers, slowdowns=slowdowns,
                   collective=args.collective, seed=args.seed, threads=args.threads,
                   timeout=args.timeout, eval_interval=args.eval_interval,
                   time_budget=time_budget,

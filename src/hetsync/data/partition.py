@@ -2,9 +2,9 @@
 
 Every partitioner returns ``num_workers`` sorted int64 index arrays that are pairwise
 disjoint (a sample belongs to at most one worker), except ``shared``, where every worker draws
-from the whole set. They are pure: the same arguments give the
-same result on every machine (``numpy.random.default_rng(seed)``), so each worker can compute
-the whole partition itself and take its own shard, with no communication.
+from the whole set. They are pure: the same arguments give the same result on every machine
+(``numpy.random.default_rng(seed)``), so each worker can compute the whole partition itself
+and take its own shard, with no communication.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from hetsync.config import PARTITIONS  # the kinds partition() accepts
 
 __all__ = ["PARTITIONS", "iid_partition", "shared_partition", "class_partition",
            "dirichlet_partition", "partition"]
-
 
 Labels = Union[np.ndarray, torch.Tensor, Sequence[int]]
 
@@ -71,7 +70,8 @@ def shared_partition(num_samples: int, num_workers: int) -> list[np.ndarray]:
     under ESync or asynchronous SGD the fast workers' samples weigh F times more in the model
     (1, 2, 4, 8: half of all steps come from the fastest worker's quarter of the data). Drawn
     from one shared set, every sample is as likely as any other whatever the speeds. It needs
-    the whole data set on every machine.
+    the whole data set on every machine. (On Fashion-MNIST's iid shards it made no difference
+    to ESync's accuracy after 5 epochs: README, "Results".)
     """
     n = operator.index(num_samples)
     p = _check_workers(num_workers, n)
