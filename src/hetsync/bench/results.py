@@ -71,7 +71,8 @@ def combine(runs: Sequence[RunResult]) -> RunResult:
     first = runs[0]
     done = [r for r in runs if r.summary is not None]
     failed = [r for r in runs if r.summary is None]
-    error = "; ".join(f"seed {r.seed}: {(r.error or '').splitlines()[0]}" for r in failed)
+    error = "; ".join(f"seed {r.seed}: {(r.error or 'failed').splitlines()[0]}"
+                      for r in failed)
     return RunResult(first.label, first.kind, first.lr, first.lr_how,
                      run_dir=done[0].run_dir if done else None,
                      summary=median_summary([r.summary for r in done]) if done else None,
@@ -98,13 +99,12 @@ def _spread(r: RunResult, value: Any, fmt: str, get) -> str:
     text = _num(value, fmt)
     if len(r.repeats) < 2:
         return text
-    each = [get(x.summary) for x in r.repeats if x.summary is not None]
-    missed = sum(v is None for v in each) + sum(x.summary is None for x in r.repeats)
-    each = [v for v in each if v is not None]
-    if not each:
+    each = [get(x.summary) if x.summary is not None else None for x in r.repeats]
+    got = [v for v in each if v is not None]  # a failed seed or a missed target: None
+    if not got:
         return text
-    span = (f"{format(min(each), fmt)}–{format(max(each), fmt)}" if len(each) > 1
-            else format(each[0], fmt))
+    span = format(min(got), fmt) + (f"–{format(max(got), fmt)}" if len(got) > 1 else "")
+    missed = len(each) - len(got)
     return f"{text} ({span}{f', {missed} —' if missed else ''})"
 
 

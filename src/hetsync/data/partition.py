@@ -133,9 +133,9 @@ def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: in
 
 
 def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5) -> list[np.ndarray]:
-    """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` over ``len(labels)`` samples,
-    ``"shared"`` → :func:`shared_partition`, ``"class"`` → :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition`
-    with ``alpha``."""
+    """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` and ``"shared"`` →
+    :func:`shared_partition` over ``len(labels)`` samples, ``"class"`` →
+    :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition` with ``alpha``."""
     if kind == "iid":
         return iid_partition(len(_labels(labels)), num_workers, seed)
     if kind == "shared":

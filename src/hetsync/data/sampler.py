@@ -23,7 +23,8 @@ class ShardSampler:
     with ``drop_last=False`` the last batch may be smaller.
 
     Give each worker a different ``seed`` (e.g. base seed + rank) if their orders should be
-    independent; the shards themselves are already disjoint.
+    independent, as they must be with the ``shared`` partition, where every shard is the
+    whole set.
     """
 
     def __init__(
