@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from hetsync.algorithms.esync import ESync
 from hetsync.bench import modes
 from hetsync.bench import results as res
 from hetsync.bench.lr import best_of_sweep, linear_scaling
-from hetsync.bench.peer_launch import launch_peer
-from hetsync.bench.peers import PeerOptions, ring_bytes
+from hetsync.comm.meter import ring_bytes
 from hetsync.config import Config
-from hetsync.runtime.launcher import LaunchError
+from hetsync.runtime.launcher import LaunchError, launch
 from hetsync.telemetry.summarize import summarize
 
 SMALL = dict(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
@@ -45,13 +45,13 @@ def _check_trained(run_dir: Path, mode: str) -> dict:
 def test_linear_scaling_and_sweep_choice():
     assert linear_scaling("sync", 0.05, 4).lr == pytest.approx(0.2)
     assert linear_scaling("ddp", 0.05, 4).lr == pytest.approx(0.2)
-    for mode in ("esync", "localsgd", "async", "dcasgd", "local"):
+    for mode in ("esync", "post-local-sgd", "async", "dcasgd", "local"):
         assert linear_scaling(mode, 0.05, 4).lr == 0.05
     assert best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).lr == 0.1
     assert best_of_sweep({0.05: 0.8, 0.1: 0.8}).lr == 0.05  # a tie: the smaller rate
     with pytest.raises(ValueError):
         best_of_sweep({0.1: None})
-    assert ring_bytes(1000, 4) == 6000 and ring_bytes(1000, 1) == 0
+    assert ring_bytes(1000, 4, 0, 4)[0] == 6000 and ring_bytes(1000, 1, 0, 4)[0] == 0
 
 
 def _summary(tta: float | None, acc: float, throughput: float) -> dict:
@@ -114,11 +114,12 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     base = modes.base_config(args, tmp_path)
     assert base.workers == 4 and base.slowdowns == (1, 2, 4, 8) and base.time_budget == 60
     runs = {label: modes.make_run(args, base, label, linear_scaling(label, 0.05, 4))
-            for label in ("local", "sync", "esync", "ddp", "localsgd")}
+            for label in ("local", "sync", "esync", "ddp", "post-local-sgd")}
     assert runs["local"].cfg.workers == 1 and runs["local"].cfg.slowdowns == ()
     assert runs["sync"].cfg.lr == pytest.approx(0.2) and runs["ddp"].cfg.lr == pytest.approx(0.2)
-    assert runs["esync"].cfg.effective_local_lr == 0.05 and runs["esync"].cfg.global_lr == 1
-    assert runs["localsgd"].opts.period == 8 and runs["ddp"].kind == "baseline"
+    esync = runs["esync"].cfg.mode_options()
+    assert ESync.optimizer_lr(runs["esync"].cfg.lr, esync) == 0.05 and esync.global_lr == 1
+    assert runs["post-local-sgd"].cfg.mode_options().period == 8 and runs["ddp"].kind == "baseline"
     for run in runs.values():
         assert run.cfg.time_budget == 60 and run.cfg.seed == 0 and run.cfg.network == "mlp"
         assert run.cfg.partition == "shared"
@@ -128,10 +129,11 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
 
 # ---------------------------------------------------------------------- real processes
 @pytest.mark.slow
-def test_localsgd_baseline_trains_and_writes_a_run_directory(tmp_path):
-    cfg = Config(log_dir=str(tmp_path), time_budget=3.0, **SMALL)
-    run_dir = launch_peer(cfg, PeerOptions("localsgd", period=4, warmup_steps=3))
-    s = _check_trained(run_dir, "localsgd")
+def test_post_local_sgd_baseline_trains_and_writes_a_run_directory(tmp_path):
+    cfg = Config(mode="post-local-sgd", log_dir=str(tmp_path), time_budget=3.0,
+                 options={"period": 4, "warmup_steps": 3}, **SMALL)
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    s = _check_trained(run_dir, "post-local-sgd")
     records = [json.loads(line) for line in (run_dir / "worker-1.jsonl").read_text().splitlines()]
     assert [r["local_steps"] for r in records[:4]] == [1, 1, 1, 1]  # warm-up, then averaging
     assert all(r["local_steps"] == 4 for r in records[4:])
@@ -140,12 +142,13 @@ def test_localsgd_baseline_trains_and_writes_a_run_directory(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_baseline_worker_stops_the_run(tmp_path):
-    cfg = Config(log_dir=str(tmp_path), time_budget=120.0, run_name="killed", **SMALL)
+    cfg = Config(mode="ddp", log_dir=str(tmp_path), time_budget=120.0, run_name="killed",
+                 **SMALL)
     outcome = {}
 
     def run():
         try:
-            launch_peer(cfg, PeerOptions("ddp"))
+            launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
         except LaunchError as err:
             outcome["error"] = str(err)
 
@@ -170,7 +173,7 @@ def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(run_dir).encode() in cmd and b"peer_launch" in cmd and f"RANK={rank}".encode() in env:
+        if str(run_dir).encode() in cmd and b"worker" in cmd and f"RANK={rank}".encode() in env:
             return int(pid)
     return None
 

@@ -7,29 +7,17 @@ import torch
 import torch.distributed as dist
 
 from distributed import run_ranks
-from hetsync.algorithms import CommContext, ESync, SynchronousSGD, build_server_rule
+from tiny import SmallNet, batch as _batch, gathered_parameters, linear_net, user_loop
+from hetsync.algorithms import Action, CommContext, Step
+from hetsync.algorithms.async_ps import AsyncOptions, AsynchronousSGD
 from hetsync.algorithms.base import bn_statistics, flatten
+from hetsync.algorithms.esync import ESync, ESyncOptions
+from hetsync.algorithms.registry import build_server_rule
+from hetsync.algorithms.sync import SynchronousSGD
 from hetsync.comm import ALGORITHMS
+from hetsync.comm.channel import Channel
 
 LR = 0.1
-
-
-class SmallNet(torch.nn.Module):
-    """Conv + BatchNorm + linear: small, with running statistics to average."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(4)
-        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
-
-
-def _batch(rank: int, n: int = 8):
-    g = torch.Generator().manual_seed(100 + rank)
-    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
 def _step(model, opt, rank):
@@ -44,11 +32,13 @@ def _esync_each_collective(rank, world, state_port):
 
     workers = world - 1  # the last rank is the parameter server for the `ps` collective
     group = dist.new_group(list(range(workers)))
+    channel_group = dist.new_group(list(range(workers)))
     if rank == workers:
         ParameterServer(list(range(workers))).serve()
         return None
     client = StateClient("127.0.0.1", state_port)
     ps = connect(workers)
+    channel = Channel(channel_group)
     out = {}
     # ESync as published over every collective; then, over native, with the sum in the
     # background and one local step taken before it comes in.
@@ -61,24 +51,26 @@ def _esync_each_collective(rank, world, state_port):
         model = SmallNet()
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         algo = ESync(model, opt, CommContext(rank=rank, workers=workers, group=group,
-                                             collective=collective, ps_client=ps),
-                     state_client=client, global_lr=1.0, overlap=overlap)
+                                             collective=collective, ps_client=ps,
+                                             state_client=client, channel=channel),
+                     ESyncOptions(global_lr=1.0, overlap=overlap))
         algo.setup()
         _step(model, opt, rank)
-        algo.local_step()
-        local = flatten(list(model.parameters())).clone()
+        # the local model after this step's SGD update (no momentum): w - lr * g
+        local = torch.cat([(p - LR * p.grad).detach().reshape(-1) for p in model.parameters()])
         stats = flatten(bn_statistics(model)).clone()
-        assert algo.wants_sync(0.01), "warm-up round must aggregate after one step"
+        assert algo.decide(Step(0.0, 0.01)) is Action.AVERAGE_MODELS, \
+            "warm-up round must aggregate after one step"
         # What ESync must give with global_lr 1: the mean of the local models and statistics,
         # computed here with torch.distributed's own all-reduce (before ESync's, which may run
         # in the background: one collective in flight at a time).
         expected = torch.cat([local, stats])
         dist.all_reduce(expected, group=group)
         expected /= workers
-        algo.synchronize()
+        algo.apply(Action.AVERAGE_MODELS)
         if overlap:  # a step while the sum travels is kept on top of it (CoCoD-SGD)
             _step(model, opt, rank)
-            algo.local_step()
+            algo.apply(Action.LOCAL)
             drift = torch.cat([flatten(list(model.parameters())),
                                flatten(bn_statistics(model))]) - torch.cat([local, stats])
             algo.settle()
@@ -86,6 +78,7 @@ def _esync_each_collective(rank, world, state_port):
         key = collective + (" overlapped" if overlap else "")
         out[key] = (torch.cat([flatten(list(model.parameters())),
                                flatten(bn_statistics(model))]), expected)
+    channel.close()
     ps.close()
     client.close()
     return out
@@ -115,7 +108,7 @@ def _sync_step(rank, world):
     algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring"))
     algo.setup()
     _step(model, opt, rank)
-    algo.synchronize()
+    algo.apply(algo.decide(Step(0.0, 0.01)))
     # Reference: one process, one SGD step on the mean of every worker's mean gradient.
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
@@ -135,19 +128,19 @@ def test_sync_step_equals_sgd_on_the_mean_gradient_of_all_workers():
 
 
 def _async_pushes(rank, world, mode):
-    from hetsync.algorithms import AsynchronousSGD
     from hetsync.comm import ParameterServer, PSClient
 
     workers = world - 1
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     if rank == workers:
-        rule = build_server_rule(mode, flatten(list(model.parameters())), LR, 0.04)
+        rule = build_server_rule(mode, flatten(list(model.parameters())), LR,
+                                 AsyncOptions(dcasgd_lambda=0.04))
         ParameterServer(list(range(workers)), rule).serve()
         return rule.weights
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     algo = AsynchronousSGD(model, opt, CommContext(rank=rank, workers=workers,
-                                                   ps_client=PSClient(workers)), server_lr=LR)
+                                                   ps_client=PSClient(workers)))
     algo.setup()
     losses = []
     x, y = _batch(rank, 64)
@@ -156,7 +149,7 @@ def _async_pushes(rank, world, mode):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         losses.append(float(loss))
-        algo.synchronize()
+        algo.apply(algo.decide(Step(0.0, 0.01)))
     algo.finish()
     return losses
 
@@ -172,7 +165,7 @@ def test_async_modes_train_through_the_parameter_server(mode):
 
 def test_dcasgd_compensates_with_the_distance_since_the_workers_pull():
     w = torch.tensor([1.0, 2.0])
-    rule = build_server_rule("dcasgd", w, lr=0.5, dcasgd_lambda=0.1)
+    rule = build_server_rule("dcasgd", w, 0.5, AsyncOptions(dcasgd_lambda=0.1))
     rule.pull(worker=0)            # worker 0 sees [1, 2]
     rule.push(1, torch.tensor([2.0, 0.0]))  # worker 1 moves the model to [0, 2]
     g = torch.tensor([1.0, 1.0])
@@ -196,21 +189,11 @@ def _wrapped(rank, world):
     import hetsync
 
     torch.manual_seed(rank)  # different starting points: wrap must make them equal
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    model = linear_net()
     opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=LR), model, mode="sync",
                        collective="butterfly")
-    x, y = _batch(rank, 32)
-    losses = []
-    for _ in range(20):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-    params = flatten(list(model.parameters()))
-    gathered = [torch.zeros_like(params) for _ in range(world)]
-    dist.all_gather(gathered, params)
-    return losses, gathered, opt.round
+    losses = user_loop(opt, model, *_batch(rank, 32), steps=20)
+    return losses, gathered_parameters(model, world), opt.round
 
 
 @pytest.mark.slow
@@ -219,3 +202,29 @@ def test_wrap_turns_a_users_loop_into_synchronous_sgd():
         assert rounds == 21
         assert losses[-1] < losses[0]
         torch.testing.assert_close(gathered[0], gathered[1])  # identical models everywhere
+
+
+def _wrapped_async(rank, world):
+    import hetsync
+    from hetsync.comm import ParameterServer
+
+    server = world - 1
+    torch.manual_seed(0)
+    model = linear_net()
+    if rank == server:
+        weights = flatten(list(model.parameters()))
+        ParameterServer(list(range(server)), build_server_rule("async", weights, LR)).serve()
+        return None
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=LR), model, mode="async",
+                       ps_rank=server)
+    losses = user_loop(opt, model, *_batch(rank, 32), steps=20)
+    workers = opt.mode.comm.workers
+    opt.finish()
+    return losses, workers
+
+
+@pytest.mark.slow
+def test_wrap_counts_the_workers_without_the_parameter_server():
+    for losses, workers in run_ranks(_wrapped_async, 3)[:2]:
+        assert workers == 2
+        assert losses[-1] < losses[0]

@@ -163,10 +163,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _import_plugins(argv: list[str]) -> None:
+    from hetsync.algorithms import registry
+    from hetsync.config import NAMED_PARSERS
+
+    for i, arg in enumerate(argv):
+        if arg == "--plugin" and i + 1 < len(argv):
+            registry.import_plugins(NAMED_PARSERS["names"](argv[i + 1]))
+        elif arg.startswith("--plugin="):
+            registry.import_plugins(NAMED_PARSERS["names"](arg.split("=", 1)[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
     from hetsync.data import DataFormatError, DataNotFoundError
 
     argv = sys.argv[1:] if argv is None else argv
+    try:  # modes registered by a plugin have option flags of their own: import it first
+        _import_plugins(argv)
+    except ValueError as err:
+        print(f"hetsync: error: --plugin: {err}", file=sys.stderr)
+        return 2
     if argv[:1] == ["bench"] and argv[1:2] not in (["modes"], ["comm"]):
         argv = ["bench", "modes", *argv[1:]]  # `hetsync bench --modes ...` means the modes bench
     args = build_parser().parse_args(argv)

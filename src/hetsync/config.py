@@ -1,9 +1,15 @@
-"""Every option of a hetsync run, in one validated dataclass.
+"""The options of a hetsync run: `Config` (what every run has) and each mode's own options.
+
+`Config` holds the options common to every mode; a mode's own (ESync's `-ll -gl --epsilon
+--overlap`, DC-ASGD's `--dcasgd-lambda`, ...) live in its options dataclass beside the mode
+(`hetsync.algorithms.registry`), and a run's values for them in `Config.options`. The command
+line gets one flag per field of both, each field's metadata carrying its flags and help; a
+field's parser follows from its type (`X | None` accepts `none`).
 
 ESync's short flags keep their names and meaning (`-l -ll -gl -b -dd -g -c -n -ld -e -m -dcasgd
 -s -ip -port`); the rest are long flags. `Config.validate()` turns a bad value into a
 `ConfigError` that names the flag, the value and what would be valid, so the command line never
-shows a traceback for a user's mistake.
+shows a traceback for a user's mistake; an option of another mode is refused the same way.
 """
 
 from __future__ import annotations
@@ -12,16 +18,14 @@ import argparse
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODES = ("local", "sync", "esync", "async", "dcasgd")
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 PARTITIONS = ("iid", "shared", "class", "dirichlet")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
-#: Modes whose aggregation goes through the parameter server whatever `--collective` says.
-PS_MODES = ("async", "dcasgd")
 
 
 class ConfigError(ValueError):
@@ -33,7 +37,7 @@ class Config:
     """One hetsync run. Field metadata holds the command-line flags and help text."""
 
     mode: str = field(default="esync", metadata={"flags": ("-m", "--mode"),
-                      "help": f"synchronisation scheme: {', '.join(MODES)}"})
+                      "help": "synchronisation scheme: {modes}"})
     network: str = field(default="lenet", metadata={"flags": ("-n", "--network"),
                          "help": "model name (see `hetsync models`)"})
     dataset: str = field(default="fashion-mnist", metadata={"flags": ("--dataset",),
@@ -43,11 +47,8 @@ class Config:
     batch_size: int = field(default=64, metadata={"flags": ("-b", "--batch-size"),
                             "help": "mini-batch size per worker"})
     lr: float = field(default=0.05, metadata={"flags": ("-l", "--learning-rate"),
-                      "help": "learning rate (of the mean gradient; sync, async, local)"})
-    local_lr: float | None = field(default=None, metadata={"flags": ("-ll", "--local-lr"),
-                                   "help": "ESync local learning rate (default: -l)"})
-    global_lr: float = field(default=1.0, metadata={"flags": ("-gl", "--global-lr"),
-                             "help": "ESync global learning rate on the mean weight delta"})
+                      "help": "learning rate (of the mean gradient; sync, async, local; "
+                              "ESync's local rate unless -ll)"})
     momentum: float = field(default=0.0, metadata={"flags": ("--momentum",),
                             "help": "SGD momentum of the local optimizer (ESync uses 0)"})
     gpu: int = field(default=-1, metadata={"flags": ("-g", "--gpu"),
@@ -62,10 +63,6 @@ class Config:
                             "help": "evaluate every N rounds (0: every --eval-interval s)"})
     eval_interval: float = field(default=5.0, metadata={"flags": ("--eval-interval",),
                                  "help": "evaluate every S seconds of training time"})
-    dcasgd: bool = field(default=False, metadata={"flags": ("-dcasgd", "--dcasgd"),
-                         "help": "with -m async: delay-compensated ASGD (0/1)"})
-    dcasgd_lambda: float = field(default=0.04, metadata={"flags": ("--dcasgd-lambda",),
-                                 "help": "DC-ASGD variance-control lambda"})
     split_by_class: bool = field(default=False, metadata={"flags": ("-s", "--split-by-class"),
                                  "help": "non-iid: contiguous class blocks per worker (0/1)"})
     partition: str = field(default="iid", metadata={"flags": ("--partition",),
@@ -76,16 +73,6 @@ class Config:
                           "help": "ESync state server address"})
     state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
                             "help": "ESync state server port"})
-    epsilon: float | None = field(default=None, metadata={"flags": ("--epsilon",),
-                                  "parser": "epsilon",
-                                  "help": "ESync readiness margin ε, a fraction of the caller's "
-                                          "step time c: stop when c(1+ε) > the slowest's time "
-                                          "left; auto: the round length that keeps the "
-                                          "workers busiest, a planned step may overrun it "
-                                          "by c/P"})
-    overlap: bool = field(default=True, metadata={"flags": ("--overlap",),
-                          "help": "ESync: sum the weight deltas in the background while the "
-                                  "next round's first steps run (0/1; 0: ESync as published)"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),
@@ -103,11 +90,38 @@ class Config:
                          "help": "torch intra-op threads per worker"})
     timeout: float = field(default=120.0, metadata={"flags": ("--timeout",),
                            "help": "seconds before a silent peer is declared dead"})
+    plugins: tuple[str, ...] = field(default=(), metadata={
+        "flags": ("--plugin",), "parser": "names",
+        "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})
+    #: The mode's own options (field name -> value, only those set): see `mode_options`.
+    options: dict[str, Any] = field(default_factory=dict, metadata={"flags": ()})
 
     # ------------------------------------------------------------------ derived values
     @property
-    def effective_local_lr(self) -> float:
-        return self.lr if self.local_lr is None else self.local_lr
+    def spec(self):
+        """The mode's :class:`~hetsync.algorithms.registry.ModeSpec` (plugins imported first);
+        ConfigError naming -m if it is unknown."""
+        from hetsync.algorithms import registry
+
+        try:
+            registry.import_plugins(self.plugins)
+        except ValueError as err:
+            raise ConfigError(f"--plugin: {err}") from None
+        if self.mode not in registry.names():
+            raise ConfigError(f"-m/--mode: invalid value {self.mode!r}; expected one of "
+                              f"{', '.join(registry.names())}")
+        return registry.get(self.mode)
+
+    def mode_options(self):
+        """The mode's options dataclass: its defaults with `options` laid over them.
+        ConfigError naming the flag of an option the mode does not have."""
+        spec = self.spec
+        known = {f.name: f for f in spec.option_fields()}
+        for name in self.options:
+            if name not in known:
+                raise ConfigError(f"options: {name!r} is not an option of -m {self.mode}; "
+                                  f"its options: {', '.join(known) or 'none'}")
+        return spec.make_options(self.options)
 
     @property
     def effective_partition(self) -> str:
@@ -115,14 +129,13 @@ class Config:
 
     @property
     def effective_mode(self) -> str:
-        """ESync's `-m async -dcasgd 1` is the same run as `-m dcasgd`."""
-        return "dcasgd" if (self.mode == "async" and self.dcasgd) else self.mode
+        """The name the run is recorded under (ESync's `-m async -dcasgd 1` is `dcasgd`)."""
+        return self.spec.run_mode(self.mode_options())
 
     @property
     def needs_ps(self) -> bool:
         """Whether the run has a parameter-server rank (the last rank)."""
-        return self.effective_mode in PS_MODES or (
-            self.effective_mode in ("sync", "esync") and self.collective == "ps")
+        return self.spec.needs_parameter_server(self.collective)
 
     @property
     def world_size(self) -> int:
@@ -140,8 +153,10 @@ class Config:
             flag = "/".join(_field(name).metadata["flags"])
             return ConfigError(f"{flag}: invalid value {getattr(self, name)!r}; expected {valid}")
 
-        if self.mode not in MODES:
-            raise bad("mode", f"one of {', '.join(MODES)}")
+        spec = self.spec
+        options = self.mode_options()
+        if options is not None and hasattr(options, "validate"):
+            options.validate()
         if self.network not in MODEL_NAMES:
             raise bad("network", f"one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASETS:
@@ -154,27 +169,23 @@ class Config:
             raise bad("data_dir", "an existing directory")
         if self.batch_size < 1:
             raise bad("batch_size", "an integer >= 1")
-        for name in ("lr", "global_lr"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise bad(name, "a finite number > 0")
-        if self.local_lr is not None and not (math.isfinite(self.local_lr) and self.local_lr > 0):
-            raise bad("local_lr", "a finite number > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise bad("lr", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "a number in [0, 1)")
-        if self.dcasgd_lambda < 0:
-            raise bad("dcasgd_lambda", "a number >= 0")
         if self.dirichlet_alpha <= 0:
             raise bad("dirichlet_alpha", "a number > 0")
         if self.eval_every < 0:
             raise bad("eval_every", "an integer >= 0 (0: use --eval-interval)")
         if self.eval_interval <= 0:
             raise bad("eval_interval", "a number of seconds > 0")
-        if self.epsilon is not None and not -1 < self.epsilon < 1:
-            raise bad("epsilon", "auto or a fraction in (-1, 1)")
         if self.workers < 1:
             raise bad("workers", "an integer >= 1")
-        if self.mode == "local" and self.workers != 1:
-            raise bad("workers", "1 with -m local (sequential SGD runs on one device)")
+        if spec.max_workers is not None and self.workers > spec.max_workers:
+            raise bad("workers", f"at most {spec.max_workers} with -m {self.mode}")
+        if not spec.collective and self.collective != "native":
+            raise bad("collective", f"native with -m {self.mode} (it aggregates with its "
+                                    "own transport)")
         if self.slowdowns and len(self.slowdowns) != self.workers:
             raise bad("slowdowns", f"{self.workers} comma-separated factors (one per worker)")
         if any(not (math.isfinite(f) and f >= 1) for f in self.slowdowns):
@@ -200,7 +211,8 @@ class Config:
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["slowdowns"] = list(self.slowdowns)
+        d["slowdowns"], d["plugins"] = list(self.slowdowns), list(self.plugins)
+        d["options"] = dict(self.options)
         return d
 
     @classmethod
@@ -212,6 +224,11 @@ class Config:
         data = dict(data)
         if "slowdowns" in data:
             data["slowdowns"] = tuple(float(x) for x in data["slowdowns"])
+        if "plugins" in data:
+            data["plugins"] = tuple(str(x) for x in data["plugins"])
+        if not isinstance(data.get("options", {}), dict):
+            raise ConfigError(f"config key 'options' must be an object, got "
+                              f"{data['options']!r}")
         return cls(**data)
 
     def save(self, path: str | Path) -> None:
@@ -224,6 +241,13 @@ class Config:
 
 def _field(name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(Config) if f.name == name)
+
+
+def invalid_option(options, name: str, valid: str) -> ConfigError:
+    """The error for a bad value of field `name` of a mode's options dataclass."""
+    f = next(f for f in dataclasses.fields(options) if f.name == name)
+    return ConfigError(f"{'/'.join(f.metadata['flags'])}: invalid value "
+                       f"{getattr(options, name)!r}; expected {valid}")
 
 
 # ---------------------------------------------------------------------- command line
@@ -244,6 +268,10 @@ def _parse_floats(text: str) -> tuple[float, ...]:
             f"expected comma-separated numbers such as 1,2,4,8, got {text!r}") from None
 
 
+def _parse_names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
 def parse_epsilon(text: str) -> float | None:
     """`auto` (None) or a number."""
     if text.strip().lower() == "auto":
@@ -256,38 +284,120 @@ def parse_epsilon(text: str) -> float | None:
 
 def _optional(kind):
     def parse(text: str):
-        return None if text.lower() in ("", "none") else kind(text)
+        return None if text.strip().lower() in ("", "none") else kind(text)
     return parse
 
 
-_PARSERS = {"int": int, "float": float, "str": str, "bool": _parse_bool,
-            "tuple[float, ...]": _parse_floats, "str | None": _optional(str),
-            "float | None": _optional(float), "epsilon": parse_epsilon}
+#: Parsers named by a field's `parser` metadata (where its type alone does not say).
+NAMED_PARSERS = {"epsilon": parse_epsilon, "names": _parse_names}
+_TYPE_PARSERS = {int: int, float: float, str: str, bool: _parse_bool,
+                 tuple[float, ...]: _parse_floats, tuple[str, ...]: _parse_names}
+
+
+def parser_for(f: dataclasses.Field, hints: dict[str, Any]):
+    """The command-line parser of dataclass field `f` (`hints`: its class's resolved types):
+    its `parser` metadata, else its type; `X | None` accepts `none` too."""
+    if "parser" in f.metadata:
+        return NAMED_PARSERS[f.metadata["parser"]]
+    kind = hints[f.name]
+    args = typing.get_args(kind)
+    if type(None) in args and len(args) == 2:
+        inner = next(a for a in args if a is not type(None))
+        return _optional(_TYPE_PARSERS[inner])
+    try:
+        return _TYPE_PARSERS[kind]
+    except KeyError:
+        raise TypeError(f"field {f.name!r}: no command-line parser for type {kind}; give "
+                        f"metadata['parser'] one of {sorted(NAMED_PARSERS)}") from None
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
+    """(field, default, modes) of every registered mode option, one per field (a field shared
+    by several modes' options class is listed once, with all of them)."""
+    from hetsync.algorithms import registry
+
+    seen: dict[tuple[str, str], list] = {}
+    for spec in registry.specs():
+        for f in spec.option_fields():
+            key = (spec.options.__qualname__, f.name)
+            if key in seen:
+                seen[key][2].append(spec.name)
+            else:
+                seen[key] = [f, getattr(spec.options(), f.name), [spec.name], spec.options]
+    return [(f, default, tuple(modes)) for f, default, modes, _ in seen.values()]
+
+
+OPTION_PREFIX = "option."
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None) -> None:
-    """One flag per Config field, with the field's short and long flags.
+    """One flag per Config field and per registered mode option.
 
     Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
     `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
     """
+    from hetsync.algorithms import registry
+
     defaults = defaults or Config()
+    hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
-        default = getattr(defaults, f.name)
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        if f.name == "epsilon" and default is None:
-            shown = "auto"
-        kind = f.metadata.get("parser", str(f.type))
-        parser.add_argument(*f.metadata["flags"], dest=f.name, type=_PARSERS[kind],
+        if not f.metadata["flags"]:
+            continue
+        help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
+        parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
                             default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=f"{f.metadata['help']} (default: {shown})")
+                            help=f"{help_text} (default: {_shown(getattr(defaults, f.name))})")
+    add_option_arguments(parser)
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per registered mode option, in a group of their own; given values land in
+    the namespace as `option.--LONG-FLAG` (two modes' options may share a field name, never a
+    flag: see `given_options`)."""
+    from hetsync.algorithms import registry
+
+    group = parser.add_argument_group("mode options (each applies to the modes named)")
+    for f, default, modes in option_flags():
+        owner = registry.get(modes[0]).options
+        shown = "auto" if default is None and f.metadata.get("parser") == "epsilon" else default
+        group.add_argument(*f.metadata["flags"], dest=OPTION_PREFIX + f.metadata["flags"][-1],
+                           type=parser_for(f, typing.get_type_hints(owner)),
+                           default=argparse.SUPPRESS, metavar=f.name.upper(),
+                           help=f"[{', '.join(modes)}] {f.metadata['help']} "
+                                f"(default: {_shown(shown)})")
+
+
+def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
+    """The mode options given on the command line, as `spec`'s field names; ConfigError
+    naming a flag that is not one of `spec`'s options."""
+    fields = {flag: f.name for f in spec.option_fields() for flag in f.metadata["flags"]}
+    options = {}
+    for dest, value in vars(args).items():
+        if dest.startswith(OPTION_PREFIX):
+            flag = dest[len(OPTION_PREFIX):]
+            if flag not in fields:
+                owner = [(f, modes) for f, _, modes in option_flags()
+                         if flag in f.metadata["flags"]]
+                shown = "/".join(owner[0][0].metadata["flags"]) if owner else flag
+                modes = ", ".join(m for _, ms in owner for m in ms)
+                raise ConfigError(f"{shown}: is an option of mode {modes}, not of -m {mode}")
+            options[fields[flag]] = value
+    return options
 
 
 def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
     """`base` (default: Config()) with every flag given on the command line laid over it."""
+    base = base or Config()
     names = {f.name for f in dataclasses.fields(Config)}
-    given = {k: v for k, v in vars(args).items() if k in names}
-    return dataclasses.replace(base or Config(), **given)
+    cfg = dataclasses.replace(base, **{k: v for k, v in vars(args).items() if k in names})
+    options = given_options(args, cfg.spec, cfg.mode)
+    return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
 
 
 def flag_table() -> list[tuple[str, str, str, str]]:
@@ -295,7 +405,11 @@ def flag_table() -> list[tuple[str, str, str, str]]:
     rows = []
     for f in dataclasses.fields(Config):
         flags = f.metadata["flags"]
-        short = flags[0] if len(flags) == 2 else ""
-        default = getattr(Config(), f.name)
-        rows.append((short, flags[-1], str(default), f.metadata["help"]))
+        if flags:
+            rows.append((flags[0] if len(flags) == 2 else "", flags[-1],
+                         _shown(getattr(Config(), f.name)), f.metadata["help"]))
+    for f, default, modes in option_flags():
+        flags = f.metadata["flags"]
+        rows.append((flags[0] if len(flags) == 2 else "", flags[-1], _shown(default),
+                     f"[{', '.join(modes)}] {f.metadata['help']}"))
     return rows

@@ -7,10 +7,13 @@
         loss_fn(model(x), y).backward()
         opt.step()      # the local update and whatever communication the mode requires
 
-The process group must be initialised first (`torch.distributed.init_process_group`). Every rank
-of `group` (default: the whole world) must construct the wrapper, since construction makes all
-of them start from rank 0's model. For `async` and `dcasgd`, `ps_rank` names the rank that runs
-the parameter server (`hetsync.comm.ParameterServer` with `hetsync.algorithms.build_server_rule`).
+The mode is assembled by the same code as `hetsync worker` (`runtime/assembly.py`). The
+process group must be initialised first (`torch.distributed.init_process_group`). Every worker
+of `group` must construct the wrapper, since construction makes all of them start from rank
+0's model. With a parameter server (`async`, `dcasgd`, `--collective ps`), `ps_rank` names the
+rank that runs it (`hetsync.comm.ParameterServer` with
+`hetsync.algorithms.registry.build_server_rule`); the workers are then every other rank. A
+mode's own options are keyword arguments (e.g. `global_lr=1.0, overlap=False` for esync).
 """
 
 from __future__ import annotations
@@ -20,41 +23,47 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetsync.algorithms import CommContext, build_algorithm
+from hetsync.algorithms import registry
+from hetsync.algorithms.base import Step
 from hetsync.config import COLLECTIVES
+from hetsync.runtime.assembly import assemble
 
 
 class DistributedOptimizer:
     """An optimizer-shaped front over one mode: `step()`, `zero_grad()`, `param_groups`,
-    `state_dict()`; plus `round` and `clock` (the seconds spent waiting and communicating)."""
+    `state_dict()` (the optimizer's and the mode's); plus `round` and `clock` (the seconds
+    spent waiting and communicating)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str, *,
-                 collective: str = "native", group=None, state_server: tuple[str, int] | None = None,
-                 global_lr: float = 1.0, ps_rank: int | None = None, timeout: float = 120.0):
+                 collective: str = "native", group=None,
+                 state_server: tuple[str, int] | None = None, ps_rank: int | None = None,
+                 timeout: float = 120.0, slowdown: float = 1.0, **options):
         if collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; expected one of "
                              f"{', '.join(COLLECTIVES)}")
-        workers = dist.get_world_size(group) if dist.is_initialized() else 1
-        rank = dist.get_rank(group) if dist.is_initialized() else 0
-        comm = CommContext(rank=rank, workers=workers, group=group, collective=collective,
-                           timeout=timeout)
-        if ps_rank is not None:
-            from hetsync.comm import PSClient, connect
-
-            comm.ps_client = connect(ps_rank) if collective == "ps" else PSClient(ps_rank)
-        state_client = None
-        if mode == "esync":
-            if state_server is None:
-                raise ValueError("mode 'esync' needs state_server=(host, port) of a running "
-                                 "`hetsync state-server`")
-            from hetsync.state import StateClient
-
-            state_client = StateClient(*state_server, timeout=timeout)
-        self.algo = build_algorithm(mode, model, optimizer, comm, state_client=state_client,
-                                    global_lr=global_lr)
+        spec = registry.get(mode)
+        known = {f.name for f in spec.option_fields()}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"mode {mode!r} has no option {', '.join(unknown)}; its options: "
+                             f"{', '.join(sorted(known)) or 'none'}")
+        opts = spec.make_options(options)
+        if opts is not None and hasattr(opts, "validate"):
+            opts.validate()
+        if spec.state_server and state_server is None:
+            raise ValueError(f"mode {mode!r} needs state_server=(host, port) of a running "
+                             f"`hetsync state-server`")
+        if spec.needs_parameter_server(collective) and ps_rank is None:
+            raise ValueError(f"mode {mode!r} with collective {collective!r} needs ps_rank, the "
+                             f"rank that runs the parameter server")
+        group, rank, workers = _workers_group(group, ps_rank)
+        self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
+                                 group=group, collective=collective, timeout=timeout,
+                                 state_server=state_server or ("127.0.0.1", 10010),
+                                 ps_rank=ps_rank, slowdown=slowdown)
+        self.mode = self.assembly.mode
         self.optimizer = optimizer
-        self.algo.setup()
-        self._last_step = time.perf_counter()
+        self._step_started = self.mode.comm.timer.begin()
 
     @property
     def param_groups(self):
@@ -62,44 +71,57 @@ class DistributedOptimizer:
 
     @property
     def round(self) -> int:
-        return self.algo.round
+        return self.mode.round
 
     @property
     def clock(self):
-        return self.algo.comm.clock
+        return self.mode.comm.clock
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        """Local update, then the mode's communication when this step ends a round."""
+        """The mode's step: emulated slowdown, decide, then the local update and whatever
+        communication the decision needs (the time since the last step is this step's)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.algo.local_step()
-        now = time.perf_counter()
-        step_time, self._last_step = now - self._last_step, now  # time since the last step
-        if self.algo.wants_sync(step_time):
-            self.algo.synchronize()
-        self._last_step = time.perf_counter()
+        mode, timer = self.mode, self.mode.comm.timer
+        timer.emulate()
+        mode.poll()
+        mode.apply(mode.decide(Step(self._step_started, time.perf_counter())))
+        self._step_started = timer.begin()
         return loss
 
     def global_model(self):
         """A context in which the model holds the global weights: evaluate inside it (ESync
         applies its sums in the background and keeps its local steps apart meanwhile)."""
-        return self.algo.global_model()
+        return self.mode.global_model()
 
     def finish(self) -> None:
-        """Apply what is in flight, keep the global model, and say goodbye to the servers
-        (asynchronous modes) at the end of training."""
-        self.algo.finish()
+        """Apply what is in flight, keep the global model, say goodbye to the servers and stop
+        the background channel, at the end of training."""
+        self.mode.finish()
+        self.assembly.close()
 
-    def state_dict(self):
-        return self.optimizer.state_dict()
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "mode": self.mode.state_dict()}
 
-    def load_state_dict(self, state):
-        self.optimizer.load_state_dict(state)
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.mode.load_state_dict(state["mode"])
+
+
+def _workers_group(group, ps_rank: int | None):
+    """(group, rank in it, size) of the workers: `group`, or the whole world less the
+    parameter server's rank."""
+    if not dist.is_initialized():
+        return None, 0, 1
+    if group is None and ps_rank is not None:
+        ranks = [r for r in range(dist.get_world_size()) if r != ps_rank]
+        group = dist.new_group(ranks, use_local_synchronization=True)
+    return group, dist.get_rank(group), dist.get_world_size(group)
 
 
 def wrap(optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str = "esync",

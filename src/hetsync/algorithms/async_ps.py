@@ -13,14 +13,37 @@ Server rules (they hold the model as one flat fp32 vector):
   ICML 2017, as MXNet's `DCASGD` optimizer that ESync's `-dcasgd 1` uses): with w_bak[k] the
   weights worker k last received, g̃ = g + λ·g⊙g⊙(w − w_bak[k]); w ← w − lr·g̃; w_bak[k] ← w.
 
-BatchNorm running statistics stay local, as in ESync's async trainer.
+BatchNorm running statistics stay local, as in ESync's async trainer. The step is taken on
+the server at the run's rate `-l`; the worker's own optimizer is not used.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
-from hetsync.algorithms.base import Algorithm, flatten, gradients, unflatten_into
+from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
+                                     unflatten_into)
+from hetsync.algorithms.registry import ModeSpec, register
+
+
+@dataclass
+class AsyncOptions:
+    """Options of `async` and `dcasgd` (ESync's `-m async -dcasgd 1` is `-m dcasgd`)."""
+
+    dcasgd: bool = field(default=False, metadata={
+        "flags": ("-dcasgd", "--dcasgd"), "help": "with -m async: delay-compensated ASGD (0/1)"})
+    dcasgd_lambda: float = field(default=0.04, metadata={
+        "flags": ("--dcasgd-lambda",), "help": "DC-ASGD variance-control lambda"})
+
+    def validate(self) -> "AsyncOptions":
+        from hetsync.config import invalid_option
+
+        if not 0 <= self.dcasgd_lambda < float("inf"):
+            raise invalid_option(self, "dcasgd_lambda", "a number >= 0")
+        return self
 
 
 class AsgdRule:
@@ -41,6 +64,12 @@ class AsgdRule:
     def _compensate(self, worker: int, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"weights": self.weights.clone(), "lr": self.lr}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.weights, self.lr = state["weights"].clone(), float(state["lr"])
+
 
 class DcasgdRule(AsgdRule):
     """DC-ASGD: ASGD with the gradient corrected by λ·g⊙g⊙(w_now − w_at_pull)."""
@@ -60,32 +89,62 @@ class DcasgdRule(AsgdRule):
         seen = self.backup.get(worker, self.weights)
         return grad + self.lam * grad * grad * (self.weights - seen)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "lambda": self.lam,
+                "backup": {w: t.clone() for w, t in self.backup.items()}}
 
-class AsynchronousSGD(Algorithm):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.lam = float(state["lambda"])
+        self.backup = {int(w): t.clone() for w, t in state["backup"].items()}
+
+
+def server_rule(weights: torch.Tensor, lr: float, options: AsyncOptions) -> AsgdRule:
+    """The parameter server's rule: DC-ASGD's with `-dcasgd 1`, else ASGD's."""
+    if options.dcasgd:
+        return DcasgdRule(weights, lr, options.dcasgd_lambda)
+    return AsgdRule(weights, lr)
+
+
+class AsynchronousSGD(Mode):
     """The worker side of `async` and `dcasgd` (the rule on the server makes the difference)."""
 
     name = "async"
-    collective_control = False
-
-    def __init__(self, model, optimizer, comm, *, server_lr: float):
-        super().__init__(model, optimizer, comm)
-        self.server_lr = server_lr
+    Options = AsyncOptions
+    control = ControlPath.STORE
 
     def setup(self) -> None:
+        if self.comm.ps_client is None:
+            raise ValueError(f"mode {self.name!r} needs a parameter server")
         with self.comm.clock.phase("comm"):
             weights = self.comm.ps_client.pull()
         unflatten_into(weights.to(self._device()), self.parameters())
 
-    def synchronize(self, control: torch.Tensor | None = None) -> None:
+    def decide(self, step: Step) -> Action:
+        return Action.PUSH
+
+    def apply(self, action: Action) -> None:
         grad = flatten(gradients(self.parameters())).float().cpu()
         with self.comm.clock.phase("comm"):
             weights = self.comm.ps_client.push_pull(grad)
         unflatten_into(weights.to(self._device()), self.parameters())
         self.round += 1
 
-    @property
-    def lr(self) -> float:
-        return self.server_lr  # the step is taken on the server
-
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+
+class DelayCompensatedSGD(AsynchronousSGD):
+    """`dcasgd`: the worker side is ASGD's; the server applies DC-ASGD's rule."""
+
+    name = "dcasgd"
+
+
+register(ModeSpec("async", AsynchronousSGD, "push the gradient to the parameter server, which "
+                  "applies it at once; pull the weights (ASGD)", options=AsyncOptions,
+                  server_rule=server_rule, parameter_server=True,
+                  resolve=lambda o: "dcasgd" if o.dcasgd else "async"))
+register(ModeSpec("dcasgd", DelayCompensatedSGD, "as async, with delay compensation "
+                  "g + λ·g⊙g⊙(w_now − w_pulled) (also -m async -dcasgd 1)",
+                  options=AsyncOptions, parameter_server=True,
+                  server_rule=lambda w, lr, o: DcasgdRule(w, lr, o.dcasgd_lambda)))

@@ -1,31 +1,36 @@
 """What every synchronisation mode shares: the interface the training loop drives, phase timing
 and flat views of a model's parameters, gradients and BatchNorm statistics.
 
-A mode decides, step by step, between a local update and communication; it never opens files or
-prints. The training loop (and `hetsync.wrap`) drives it as:
+A mode is a state object (its subclass of :class:`Mode`) plus the calls the loop makes on it.
+It never opens files or prints. The training loop (and ``hetsync.wrap``) drives it, per step:
 
-1. forward and backward (gradients in `p.grad`);
-2. `algo.local_step()` — the local update, if the mode makes one;
-3. (emulated slowdown)
-4. `algo.wants_sync(step_time)` — does this step end a round?
-5. if so, `algo.settle()` (a mode that aggregates in the background, ESync with `overlap`,
-   waits for the previous round's sum) and `algo.synchronize(control)` — communicate and
-   apply the global update. `control` is a small float tensor summed across workers along
-   with the model traffic (the loop's cluster-wide decisions: samples, evaluate, stop);
-6. after `synchronize` and after every step, `algo.agreed_control()`: the sum of a round's
-   control vectors once it is in (at once, or some steps later in the background), else None.
-   Modes without a collective have none. The model is evaluated inside `algo.global_model()`.
+1. forward (through ``mode.module``) and backward: gradients in ``p.grad``;
+2. the emulated slowdown of a slower device (``runtime/heterogeneity.py``), before any
+   communication of the step, so a slow worker delays its peers at every collective as a slow
+   device would (a mode that communicates inside backward, DDP, emulates it there);
+3. ``mode.poll()``: take in what arrived in the background (a sum, a server's answer);
+4. ``action = mode.decide(step)``: *what* this step does (:class:`Action`), decided without
+   I/O from what the step measured (:class:`Step`) and the mode's state; the rules behind it
+   are pure functions (``state/policy.py``);
+5. ``mode.apply(action)``: do it — the local update and whatever communication it needs;
+6. at the end of training ``mode.finish()``; evaluation runs inside ``mode.global_model()``.
+
+The loop's own agreement (samples seen, evaluate, stop) travels apart from the model traffic,
+by the path the mode names in :attr:`Mode.control`: a small blocking all-reduce before the
+round's ``apply`` (it is also the round's barrier), a job on the worker's background channel
+(:mod:`hetsync.comm.channel`) behind the mode's own, or the key-value store (asynchronous
+modes). Every mode has ``state_dict()`` / ``load_state_dict()`` holding tensors and numbers
+only — never a process group — so that it can be checkpointed.
 """
 
 from __future__ import annotations
 
-import threading
+import enum
 import time
 from collections import defaultdict
-from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
@@ -48,121 +53,185 @@ class PhaseClock:
     def add(self, name: str, seconds: float) -> None:
         self._spent[name] += seconds
 
+    def total(self) -> float:
+        """Seconds spent in every phase since the last `take()` (without resetting)."""
+        return sum(self._spent.values())
+
     def take(self) -> dict[str, float]:
         spent, self._spent = dict(self._spent), defaultdict(float)
         return spent
 
 
+class Action(enum.Enum):
+    """What one step does, as a mode's `decide` says."""
+
+    LOCAL = "local"                          # a local update; the round goes on
+    LOCAL_ROUND = "local-round"              # a local update that is a whole round (one device)
+    AVERAGE_GRADIENTS = "average-gradients"  # the mean gradient of all workers, then the update
+    AVERAGE_MODELS = "average-models"        # a local update, then aggregate the models
+    PUSH = "push"                            # push to the parameter server, take its reply
+
+    @property
+    def ends_round(self) -> bool:
+        return self is not Action.LOCAL
+
+
+class ControlPath(enum.Enum):
+    """How the training loop's agreement (samples, evaluate, stop) travels for a mode."""
+
+    BLOCKING = "blocking"      # a 3-float all-reduce before the round's apply (also its barrier)
+    BACKGROUND = "background"  # a job on the worker's channel, behind the mode's own
+    STORE = "store"            # the process group's key-value store (no common round)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the loop measured of the step just computed (times on this worker's clock)."""
+
+    started: float   # time.perf_counter() when the step began (its data)
+    ended: float     # ... when its computation ended (emulated slowdown included)
+
+    @property
+    def duration(self) -> float:
+        return self.ended - self.started
+
+
 @dataclass
 class CommContext:
-    """How a worker reaches its peers: its rank among the workers, their process group, the
-    collective used for aggregation, the parameter-server client (if any) and the clock."""
+    """How a worker reaches its peers and servers: its rank among the workers, their process
+    group, the collective used for aggregation, the parameter-server and state-server clients
+    (if the mode needs them), the background channel, the phase clock, and the step timer
+    that emulates its device's speed (shared with the loop)."""
 
     rank: int = 0
     workers: int = 1
     group: dist.ProcessGroup | None = None
     collective: str = "native"
     ps_client: object | None = None
+    state_client: object | None = None
+    channel: object | None = None   # hetsync.comm.channel.Channel
     timeout: float = 120.0
     clock: PhaseClock = field(default_factory=PhaseClock)
     comm_device: torch.device | None = None  # where buffers live while on the wire
+    timer: object | None = None     # hetsync.runtime.heterogeneity.StepTimer
+    device_name: str = "cpu"
 
     def all_reduce(self, buffer: torch.Tensor) -> torch.Tensor:
         """Sum `buffer` over the workers with the chosen collective; time it as `comm`."""
         if self.workers == 1:
             return buffer
         with self.clock.phase("comm"):
-            return self._reduce(buffer)
+            return self.reduce(buffer, self.group)
 
-    def wait_for_peers(self, phase: str = "wait") -> None:
-        """A barrier over the workers, timed as `phase`: the time a fast worker idles for a slow
-        one, kept apart from the transfer that follows. One float by recursive doubling:
-        ⌈log2 P⌉ hops, where gloo's ring takes 2(P − 1) (a third of the time at P = 4)."""
+    def barrier(self, buffer: torch.Tensor | None = None, phase: str = "wait") -> torch.Tensor:
+        """Sum a few floats over the workers by recursive doubling, timed as `phase`: a barrier
+        (the time a fast worker idles for a slow one) that may carry a small vector.
+        ⌈log2 P⌉ hops, where gloo's ring takes 2(P − 1)."""
+        flag = buffer if buffer is not None else torch.zeros(1)
         if self.workers == 1:
-            return
+            return flag
         from hetsync.comm import all_reduce
 
-        flag = torch.zeros(1, device=self.comm_device or "cpu")
+        on_wire = flag.to(self.comm_device or "cpu")
         with self.clock.phase(phase):
-            all_reduce(flag, algorithm="butterfly", group=self.group, timeout=self.timeout)
+            all_reduce(on_wire, algorithm="butterfly", group=self.group, timeout=self.timeout)
+        return on_wire.cpu()
 
-    def start_all_reduce(self, buffer: torch.Tensor) -> Future:
-        """Begin summing `buffer` over the workers on a background thread and return a future
-        of the sum; the caller times its own wait for it (the transfer overlaps its work).
-        Collectives must be issued in the same order on every rank: keep one in flight at a
-        time. The thread is a daemon, so a worker that fails exits at once instead of waiting
-        for its peers' timeout."""
-        future: Future = Future()
-        if self.workers == 1:
-            future.set_result(buffer)
-            return future
+    def start_all_reduce(self, buffer: torch.Tensor, what: str):
+        """Sum `buffer` over the workers on the background channel (after the jobs already
+        submitted); returns the channel's future of the sum (the caller times its own wait)."""
+        if self.workers == 1 or self.channel is None:
+            from hetsync.comm.channel import ChannelFuture
 
-        def run() -> None:
-            try:
-                future.set_result(self._reduce(buffer))
-            except BaseException as exc:  # noqa: BLE001 - raised again by future.result()
-                future.set_exception(exc)
+            if self.workers > 1:
+                raise RuntimeError(f"{what}: this worker has no background channel")
+            done = ChannelFuture(what, float("inf"), self.timeout)
+            done._future.set_result(buffer)
+            return done
+        return self.channel.submit(lambda group: self.reduce(buffer, group), what)
 
-        threading.Thread(target=run, name="hetsync-all-reduce", daemon=True).start()
-        return future
-
-    def _reduce(self, buffer: torch.Tensor) -> torch.Tensor:
+    def reduce(self, buffer: torch.Tensor, group) -> torch.Tensor:
+        """Sum `buffer` over `group` with the chosen collective, staged through `comm_device`
+        (CPU tensors under gloo for a CUDA model)."""
         from hetsync.comm import all_reduce
 
         on_wire = buffer if self.comm_device is None else buffer.to(self.comm_device)
-        all_reduce(on_wire, algorithm=self.collective, group=self.group, timeout=self.timeout)
+        all_reduce(on_wire, algorithm=self.collective, group=group, timeout=self.timeout)
         return on_wire.to(buffer.device) if on_wire is not buffer else buffer
 
 
-class Algorithm:
-    """Base of every mode. Subclasses override the hooks they need."""
+class Mode:
+    """Base of every mode: the state a worker keeps for it, and the loop's calls on it.
 
-    name = "base"
-    #: True when the mode's rounds go through a collective that carries the control vector.
-    collective_control = True
+    Subclasses set `name`, `Options` (their options dataclass, or None) and `control`, and
+    override `decide` and `apply` (and the other hooks they need).
+    """
+
+    name: ClassVar[str] = "base"
+    Options: ClassVar[type | None] = None
+    control: ControlPath = ControlPath.BLOCKING
+    #: a round ends with an aggregation pass that ESync's own logs count as one more iteration
+    aggregation_pass: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 comm: CommContext):
+                 comm: CommContext, options: Any = None):
         self.model, self.optimizer, self.comm = model, optimizer, comm
+        if options is None and self.Options is not None:
+            options = self.Options()
+        self.options = options
         self.round = 1
-        self._control: torch.Tensor | None = None  # see `agreed_control`
+
+    @classmethod
+    def optimizer_lr(cls, base_lr: float, options: Any) -> float:
+        """The learning rate of the worker's local optimizer for base rate `-l`."""
+        return base_lr
 
     # ----------------------------------------------------------------- hooks
+    @property
+    def module(self) -> torch.nn.Module:
+        """What the loop calls for the forward pass (DDP's wrapper for the DDP baseline)."""
+        return self.model
+
     def setup(self) -> None:
-        """Make every worker start from the same model."""
+        """Make every worker start from the same model (may communicate)."""
 
-    def local_step(self) -> None:
-        """The local update from the gradients in `p.grad`, if the mode makes one."""
+    def poll(self) -> None:
+        """Take in what arrived in the background since the last step (default: nothing)."""
 
-    def wants_sync(self, step_time: float) -> bool:
-        return True
-
-    def synchronize(self, control: torch.Tensor | None = None) -> None:
+    def decide(self, step: Step) -> Action:
+        """What this step does; no I/O (see the module docstring)."""
         raise NotImplementedError
 
-    def settle(self) -> None:
-        """Wait for, and apply, an aggregation still in flight (none unless in background)."""
+    def apply(self, action: Action) -> None:
+        """Do what `decide` said: the local update and the communication it needs."""
+        raise NotImplementedError
 
-    def agreed_control(self) -> torch.Tensor | None:
-        """The sum of the control vectors of the last round whose sum came in, once."""
-        control, self._control = self._control, None
-        return control if control is not None and control.numel() else None
+    def finish(self) -> None:
+        """Called once after the last step: apply what is in flight, say goodbye to the
+        parameter server, if any."""
+        if self.comm.ps_client is not None:
+            self.comm.ps_client.close()
 
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless
         the mode keeps local progress apart from them)."""
         return nullcontext()
 
-    def finish(self) -> None:
-        """Called once after the last round: settle, say goodbye to the parameter server, if
-        any."""
-        self.settle()
-        if self.comm.ps_client is not None:
-            self.comm.ps_client.close()
+    def describe(self) -> dict[str, Any]:
+        """What run.json records of the mode beyond its options (e.g. the API it runs on)."""
+        return {}
 
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The mode's own state (not the model's nor the optimizer's): tensors and numbers."""
+        return {"round": self.round}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
 
     # ----------------------------------------------------------------- helpers
     def parameters(self) -> list[torch.Tensor]:
@@ -210,7 +279,6 @@ def gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 
 
-def pack(parts: list[torch.Tensor], control: torch.Tensor | None = None) -> torch.Tensor:
-    """One contiguous buffer: the model traffic, then the control vector (one collective)."""
-    tail = [] if control is None else [control.to(parts[0].dtype if parts else torch.float32)]
-    return torch.cat([p.reshape(-1) for p in parts] + tail)
+def pack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """One contiguous buffer of `parts` (one collective for all of them)."""
+    return torch.cat([p.reshape(-1) for p in parts])

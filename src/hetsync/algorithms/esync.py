@@ -4,19 +4,20 @@ Per round, on every worker:
 
 1. local SGD steps with the local learning rate (`-ll`), as many as the state server planned:
    as many as fit in the slowest worker's one step (the round's planned length), one for the
-   slowest (`hetsync.state.policy`). After each step the worker checks, on its own clock, that
-   one more step still fits in the time left;
+   slowest (`hetsync.state.policy`). After each step the worker decides, on its own clock,
+   whether one more step still fits in the time left (`decide`, pure);
 2. when those steps are done, report the step time (the median of the recent steps) for the
-   next round; the answer is read after that round's first step (one query per round, off the
-   critical path);
+   next round; the answer is read after that round's first step (`poll`: one query per round,
+   off the critical path);
 3. all-reduce the weight deltas Δ = w_local − w_global, with the BatchNorm running statistics
-   and the training loop's control vector in the same buffer, over the chosen collective;
+   in the same buffer, over the chosen collective;
 4. w_global ← w_global + global_lr · mean(Δ) everywhere; BatchNorm statistics ← their mean.
 
-ESync as published (`overlap=False`) waits for every worker at a barrier (timed as `wait`)
-before step 3 and continues from w_global. hetsync's default (`overlap=True`) never idles a
-worker that has finished its steps: it hands step 3 to a background thread and goes on with
-the next round's steps at once; when the sum is in (checked after every step) it applies step 4
+ESync as published (`overlap=False`) waits for every worker at a barrier (the training loop's
+blocking agreement, timed as `wait`) before step 3 and continues from w_global. hetsync's
+default (`overlap=True`) never idles a worker that has finished its steps: it hands step 3 to
+the worker's background channel (`hetsync.comm.channel`) and goes on with the next round's
+steps at once; when the sum is in (checked after every step) it applies step 4
 keeping what it learnt meanwhile, w_local ← w_global + (w_local − w_sent), as CoCoD-SGD does
 (Shen et al., "Faster Distributed Deep Net Training: Computation and Communication Decoupled
 SGD", IJCAI 2019). Both the wait for the slowest worker and the transfer are thus spent
@@ -28,36 +29,69 @@ is w_global.
 
 Unlike the original, no batch is drawn and thrown away when the worker is told to stop: the
 decision is made after a step, not before the next one. The local optimizer's momentum (0 by
-default, as in ESync) stays local.
+default, as in ESync) stays local. A step's time is its data, forward, backward and emulated
+slowdown; the local update that follows it (a small fraction of a step) is not in it.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
-from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 
-from hetsync.algorithms.base import Algorithm, bn_statistics, flatten, pack, unflatten_into
+from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
+                                     pack, unflatten_into)
+from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.state.policy import Decision, would_overrun
 
 
-class ESync(Algorithm):
+@dataclass
+class ESyncOptions:
+    """ESync's own options."""
+
+    local_lr: float | None = field(default=None, metadata={
+        "flags": ("-ll", "--local-lr"), "help": "ESync local learning rate (default: -l)"})
+    global_lr: float = field(default=1.0, metadata={
+        "flags": ("-gl", "--global-lr"),
+        "help": "ESync global learning rate on the mean weight delta"})
+    epsilon: float | None = field(default=None, metadata={
+        "flags": ("--epsilon",), "parser": "epsilon",
+        "help": "ESync readiness margin ε, a fraction of the caller's step time c: stop when "
+                "c(1+ε) > the slowest's time left; auto: the round length that keeps the "
+                "workers busiest, a planned step may overrun it by c/P"})
+    overlap: bool = field(default=True, metadata={
+        "flags": ("--overlap",),
+        "help": "ESync: sum the weight deltas in the background while the next round's first "
+                "steps run (0/1; 0: ESync as published)"})
+
+    def validate(self) -> "ESyncOptions":
+        from hetsync.config import invalid_option
+
+        if self.local_lr is not None and not (0 < self.local_lr < float("inf")):
+            raise invalid_option(self, "local_lr", "a finite number > 0")
+        if not 0 < self.global_lr < float("inf"):
+            raise invalid_option(self, "global_lr", "a finite number > 0")
+        if self.epsilon is not None and not -1 < self.epsilon < 1:
+            raise invalid_option(self, "epsilon", "auto or a fraction in (-1, 1)")
+        return self
+
+
+class ESync(Mode):
     name = "esync"
+    Options = ESyncOptions
+    aggregation_pass = True
     WINDOW = 9  # step time c = median of the last WINDOW steps: the round's first step, which
     #             every worker takes at once on shared cores, is not the typical one
 
-    def __init__(self, model, optimizer, comm, *, state_client, global_lr: float = 1.0,
-                 device_name: str = "", overlap: bool = True):
-        super().__init__(model, optimizer, comm)
-        if global_lr <= 0:
-            raise ValueError(f"global_lr must be > 0, got {global_lr}")
-        self.state, self.global_lr, self.device_name = state_client, global_lr, device_name
-        self.overlap = overlap
+    def __init__(self, model, optimizer, comm, options: ESyncOptions | None = None):
+        super().__init__(model, optimizer, comm, options)
+        if comm.state_client is None:
+            raise ValueError("mode 'esync' needs a state server client (-ip/-port)")
+        self.options.validate()
         self.local_steps = 0
         self._deadline: float | None = None  # local clock: when the round should end
         self._planned = 0  # the steps the server planned for this round
@@ -65,62 +99,79 @@ class ESync(Algorithm):
         self.step_time: float | None = None  # c, robust to a single slow step
         self._recent: deque[float] = deque(maxlen=self.WINDOW)
         self._global: torch.Tensor | None = None
-        self._plan: Callable[[], Decision] | None = None  # reads the server's answer
-        # the aggregation in flight (overlap): the sum's future, and what this worker sent
-        self._pending: Future | None = None
-        self._sent: tuple[torch.Tensor, torch.Tensor] | None = None  # (w_local, BN stats)
         self._global_stats: torch.Tensor | None = None
+        self._plan: Callable[[], Decision] | None = None  # reads the server's answer
+        self._answer: Decision | None = None  # read by `poll`, used by the next `decide`
+        # the aggregation in flight (overlap): the sum's future, and what this worker sent
+        self._pending = None
+        self._sent: tuple[torch.Tensor, torch.Tensor] | None = None  # (w_local, BN stats)
+
+    @classmethod
+    def optimizer_lr(cls, base_lr: float, options: ESyncOptions) -> float:
+        return base_lr if options.local_lr is None else options.local_lr
+
+    @property
+    def control(self) -> ControlPath:
+        return ControlPath.BACKGROUND if self.options.overlap else ControlPath.BLOCKING
 
     def setup(self) -> None:
+        """Rank 0 starts the state server's run afresh (before the broadcast, so before any
+        worker reports); every worker starts from rank 0's model."""
+        if self.comm.rank == 0:
+            self.comm.state_client.init(self.comm.workers, self.options.epsilon)
         self.broadcast_model()
         self._global = flatten(self.parameters()).clone()
         stats = bn_statistics(self.model)
         self._global_stats = pack(stats).clone() if stats else None
 
-    def local_step(self) -> None:
-        self.optimizer.step()
-        self.local_steps += 1
-
-    def wants_sync(self, step_time: float) -> bool:
-        step_started = time.perf_counter() - step_time
+    def poll(self) -> None:
+        """Apply a sum that came in; at a round's first step, read the server's plan."""
         if self._pending is not None and self._pending.done():
             self.settle()
-        self._recent.append(step_time)
+        if self._deadline is None and self._plan is not None:
+            with self.comm.clock.phase("query"):  # only what the first step did not hide
+                self._answer = self._plan()
+            self._plan = None
+
+    def decide(self, step: Step) -> Action:
+        self._recent.append(step.duration)
         c = self.step_time = statistics.median(self._recent)
         if self._deadline is None:  # the round's first step
-            if self._plan is None:
-                return True  # warm-up: aggregate after one step
-            with self.comm.clock.phase("query"):  # only what the first step did not hide
-                decision = self._plan()
-            self._plan = None
-            if decision.ready or decision.time_left is None:
-                return True
+            answer, self._answer = self._answer, None
+            if answer is None or answer.ready or answer.time_left is None:
+                return Action.AVERAGE_MODELS  # warm-up, or the slowest: one step a round
             # `time_left` counts from the round's start: its first step's, on this clock.
-            self._deadline = step_started + decision.time_left
-            self._epsilon = decision.epsilon
-            self._planned = decision.steps_left  # the report was made at k = 0
+            self._deadline = step.started + answer.time_left
+            self._epsilon = answer.epsilon
+            self._planned = answer.steps_left  # the report was made at k = 0
         # A planned step may overrun the round by the server's margin (it was planned: it
         # only ran slow); one beyond the plan (the steps ran fast) must fit in the time left.
-        margin = self._epsilon if self.local_steps < self._planned else 0.0
-        return would_overrun(c, self._deadline - time.perf_counter(), margin)
+        margin = self._epsilon if self.local_steps + 1 < self._planned else 0.0
+        if would_overrun(c, self._deadline - step.ended, margin):
+            return Action.AVERAGE_MODELS
+        return Action.LOCAL
 
-    def synchronize(self, control: torch.Tensor | None = None) -> None:
+    def apply(self, action: Action) -> None:
+        self.optimizer.step()
+        self.local_steps += 1
+        if action is Action.AVERAGE_MODELS:
+            self._aggregate()
+
+    def _aggregate(self) -> None:
         self.settle()  # the previous round's sum, if it is still in flight
         params, stats = self.parameters(), bn_statistics(self.model)
         local = flatten(params)
         sent_stats = pack(stats) if stats else torch.zeros(0)
         # The report for the next round leaves now; its answer is read after that round's
         # first step.
-        self._plan = self.state.report_async(self.comm.rank, self.round + 1, 0,
-                                             max(self.step_time, 1e-6), self.device_name)
+        self._plan = self.comm.state_client.report_async(
+            self.comm.rank, self.round + 1, 0, max(self.step_time, 1e-6), self.comm.device_name)
         self._sent = (local, sent_stats)
-        tail = [] if control is None else [control.to(local.dtype)]
-        buffer = torch.cat([local - self._global, sent_stats] + tail)
-        if self.overlap:
-            self._pending = self.comm.start_all_reduce(buffer)
+        buffer = torch.cat([local - self._global, sent_stats])
+        if self.options.overlap:
+            self._pending = self.comm.start_all_reduce(buffer, f"esync round {self.round}")
         else:
-            self.comm.wait_for_peers()
-            self._apply(self.comm.all_reduce(buffer))
+            self._apply_sum(self.comm.all_reduce(buffer))
         self.round += 1
         self.local_steps, self._deadline = 0, None
 
@@ -131,21 +182,19 @@ class ESync(Algorithm):
             return
         with self.comm.clock.phase("wait"):
             summed, self._pending = self._pending.result(), None
-            self._apply(summed)
+            self._apply_sum(summed)
 
-    def _apply(self, summed: torch.Tensor) -> None:
+    def _apply_sum(self, summed: torch.Tensor) -> None:
         """w_global += global_lr · mean(Δ); w_local ← w_global + what was learnt since the
-        send (nothing without `overlap`); BN statistics likewise; the control's sum is kept
-        for `agreed_control`."""
+        send (nothing without `overlap`); BN statistics likewise."""
         (sent, sent_stats), self._sent = self._sent, None
         params, stats = self.parameters(), bn_statistics(self.model)
-        n, m = sent.numel(), sent_stats.numel()
-        self._global.add_(summed[:n], alpha=self.global_lr / self.comm.workers)
+        n = sent.numel()
+        self._global.add_(summed[:n], alpha=self.options.global_lr / self.comm.workers)
         unflatten_into(self._global + (flatten(params) - sent), params)
         if stats:
-            self._global_stats = summed[n:n + m] / self.comm.workers
+            self._global_stats = summed[n:] / self.comm.workers
             unflatten_into(self._global_stats + (pack(stats) - sent_stats), stats)
-        self._control = summed[n + m:]
 
     @contextmanager
     def global_model(self) -> Iterator[None]:
@@ -165,6 +214,33 @@ class ESync(Algorithm):
 
     def finish(self) -> None:
         self._plan = None  # a report of a round that will not run: its answer is not read
+        self.settle()
         super().finish()
         # The steps taken since the last send are in no average: keep the global model.
         self._load(self._global, self._global_stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Round, the global weights and BatchNorm statistics, and the recent step times.
+        A sum still in flight is not state: `settle` it first (the loop does at the end)."""
+        if self._pending is not None:
+            raise RuntimeError("ESync.state_dict(): a sum is in flight; call settle() first")
+        return {"round": self.round, "global_weights": self._global.clone(),
+                "global_bn_stats": (None if self._global_stats is None
+                                    else self._global_stats.clone()),
+                "recent_step_times": list(self._recent)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self._global = state["global_weights"].clone()
+        stats = state["global_bn_stats"]
+        self._global_stats = None if stats is None else stats.clone()
+        self._recent = deque((float(t) for t in state["recent_step_times"]),
+                             maxlen=self.WINDOW)
+        self.step_time = statistics.median(self._recent) if self._recent else None
+        self.local_steps, self._deadline, self._plan, self._answer = 0, None, None, None
+
+
+register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
+                  "done; all-reduce Δ = w_local − w_global; w_global += gl·mean(Δ)",
+                  options=ESyncOptions, state_server=True,
+                  lr_note="local rate, global 1"))

@@ -3,9 +3,10 @@
 Per step, on every worker:
 
 1. forward and backward on the local batch;
-2. wait for every worker (barrier, timed as `wait`);
-3. all-reduce the gradients (one flat buffer, with the BatchNorm statistics and the control
-   vector) over the chosen collective and divide by the number of workers;
+2. (the training loop's agreement, a blocking all-reduce of three floats: the barrier at which
+   a fast worker waits for the slowest, timed as `wait`);
+3. all-reduce the gradients and the BatchNorm statistics (one flat buffer) over the chosen
+   collective and divide by the number of workers;
 4. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
 
 As ESync's `sync` trainer does, BatchNorm running statistics are averaged every step, so the
@@ -16,28 +17,31 @@ from __future__ import annotations
 
 import torch
 
-from hetsync.algorithms.base import (Algorithm, bn_statistics, gradients, pack,
+from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, gradients, pack,
                                      unflatten_into)
+from hetsync.algorithms.registry import ModeSpec, register
 
 
-class SynchronousSGD(Algorithm):
+class SynchronousSGD(Mode):
     name = "sync"
 
     def setup(self) -> None:
         self.broadcast_model()
 
-    def synchronize(self, control: torch.Tensor | None = None) -> None:
+    def decide(self, step: Step) -> Action:
+        return Action.AVERAGE_GRADIENTS
+
+    def apply(self, action: Action) -> None:
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
-        buffer = pack(grads + stats, control)
-        self.comm.wait_for_peers()
-        buffer = self.comm.all_reduce(buffer)
-        n_model = sum(t.numel() for t in grads + stats)
-        mean = buffer[:n_model] / self.comm.workers
+        mean = self.comm.all_reduce(pack(grads + stats)) / self.comm.workers
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         unflatten_into(mean, [p.grad for p in params] + stats)
         self.optimizer.step()
         self.round += 1
-        self._control = None if control is None else buffer[n_model:]
+
+
+register(ModeSpec("sync", SynchronousSGD, "one step; mean of all gradients; the same update "
+                  "everywhere (SSGD)", lr_scaling="workers", lr_note="x workers"))

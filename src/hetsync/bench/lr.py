@@ -1,11 +1,12 @@
 """Fair learning rates for the bench: one rule per mode, or the best of a short sweep.
 
-Linear scaling (Goyal et al. 2017), the default:
+Linear scaling (Goyal et al. 2017), the default, as each mode's registry entry says
+(`ModeSpec.lr_scaling`):
 
 - synchronous data-parallel modes (`sync`, `ddp`) average P workers' gradients every step, an
   effective batch of P·b, so they train at lr × P;
-- `esync` and `localsgd` average models after local steps: each local step is plain SGD on b
-  samples, so they keep the base rate as their local rate (ESync's global rate is 1);
+- `esync` and `post-local-sgd` average models after local steps: each local step is plain SGD
+  on b samples, so they keep the base rate as their local rate (ESync's global rate is 1);
 - `async`, `dcasgd` apply one worker's gradient (batch b) at a time, and `local` is one worker:
   the base rate.
 
@@ -18,10 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
-
-#: Modes whose rate is scaled by the number of workers (one averaged gradient per step).
-SCALED_MODES = ("sync", "ddp")
-
 
 @dataclass(frozen=True)
 class LrChoice:
@@ -36,13 +33,14 @@ class LrChoice:
 
 def linear_scaling(mode: str, base_lr: float, workers: int) -> LrChoice:
     """The default rule (see the module docstring)."""
+    from hetsync.algorithms import registry
+
     if not base_lr > 0:
         raise ValueError(f"base_lr must be > 0, got {base_lr}")
-    if mode in SCALED_MODES and workers > 1:
+    spec = registry.get(mode)
+    if spec.lr_scaling == "workers" and workers > 1:
         return LrChoice(base_lr * workers, f"{base_lr:g} x {workers} workers")
-    if mode in ("esync", "localsgd"):
-        return LrChoice(base_lr, "base, local" + (", global 1" if mode == "esync" else ""))
-    return LrChoice(base_lr, "base")
+    return LrChoice(base_lr, "base" if spec.lr_note == "base" else f"base, {spec.lr_note}")
 
 
 def best_of_sweep(accuracies: Mapping[float, float | None]) -> LrChoice:
@@ -57,10 +55,3 @@ def best_of_sweep(accuracies: Mapping[float, float | None]) -> LrChoice:
     tried = ", ".join(f"{lr:g}:{'failed' if acc is None else format(acc, '.3f')}"
                       for lr, acc in sorted(accuracies.items()))
     return LrChoice(best, f"sweep {tried}")
-
-
-def config_overrides(mode: str, lr: float) -> dict:
-    """Config fields that make `mode` train at `lr` (ESync: local rate, global rate 1)."""
-    if mode == "esync":
-        return {"lr": lr, "local_lr": lr, "global_lr": 1.0}
-    return {"lr": lr}

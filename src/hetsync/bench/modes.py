@@ -1,12 +1,13 @@
 """`hetsync bench`: every mode side by side on one emulated cluster, PyTorch's own beside them.
 
-For each of `--modes` (hetsync, through :func:`hetsync.runtime.launcher.launch`) and each of
-`--baselines` (PyTorch's DDP and post-local SGD, :mod:`hetsync.bench.peers`), one after
-another:
+For each of `--modes` and each of `--baselines` (PyTorch's DDP and post-local SGD,
+:mod:`hetsync.algorithms.baselines`), one after another, through
+:func:`hetsync.runtime.launcher.launch` and the same training loop:
 
 1. the same cluster (`--workers`, `--slowdowns`), model, data set, partition, seed and
    stopping rule (`--time-budget` seconds of training time, or `--epochs` of data) for every
-   run; `local` is the sequential reference: one worker, no slowdown, the same budget;
+   run; a mode that runs on one device (`local`) is the sequential reference: one worker, no
+   slowdown, the same budget; a mode's own options (e.g. `--localsgd-period`) reach its runs;
 2. a fair learning rate (:mod:`hetsync.bench.lr`): linear scaling by default, or the best of a
    short sweep per mode with `--lr-sweep`;
 3. `--repeats N`: each run N times, seeds `--seed` to `--seed`+N-1, the table holding medians
@@ -36,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetsync.bench import results as res
-from hetsync.bench.lr import LrChoice, best_of_sweep, config_overrides, linear_scaling
-from hetsync.bench.peers import BASELINES, PeerOptions
+from hetsync.algorithms import registry
+from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
-from hetsync.config import DATASETS, MODES, PARTITIONS, Config, ConfigError
+from hetsync.config import (DATASETS, OPTION_PREFIX, PARTITIONS, Config, ConfigError,
+                            add_option_arguments, given_options)
 
 DEFAULT_MODES = ("local", "sync", "esync", "async", "dcasgd")
-DEFAULT_BASELINES = ("ddp", "localsgd")
+DEFAULT_BASELINES = ("ddp", "post-local-sgd")
 DEFAULT_TARGETS = (0.7, 0.8, 0.85)
 
 
@@ -116,9 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster one after another; compare time-to-accuracy, speedup over sync, accuracy, "
         "throughput, utilisation and traffic.")
     a = p.add_argument
-    a("--modes", type=_names(MODES, allow_empty=True), default=DEFAULT_MODES,
-      help=f"hetsync modes to run (default: {','.join(DEFAULT_MODES)})")
-    a("--baselines", type=_names(BASELINES, allow_empty=True), default=DEFAULT_BASELINES,
+    a("--modes", type=_names(registry.names(baseline=False), allow_empty=True),
+      default=DEFAULT_MODES, help=f"hetsync modes to run (default: {','.join(DEFAULT_MODES)})")
+    a("--baselines", type=_names(registry.names(baseline=True), allow_empty=True),
+      default=DEFAULT_BASELINES,
       help=f"PyTorch baselines to run; '' for none (default: {','.join(DEFAULT_BASELINES)})")
     a("--workers", type=_positive(int), default=4, help="workers per run (default: 4)")
     a("--slowdowns", type=_floats(0.0, what="factors >= 1"), default=None,
@@ -151,10 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
       help="aggregation of sync and esync (default: native)")
     a("--eval-interval", type=_positive(float), default=2.0,
       help="evaluate every S seconds of training time (default: 2)")
-    a("--localsgd-period", type=_positive(int), default=8,
-      help="local SGD: steps between model averages, K (default: 8)")
-    a("--localsgd-warmup", type=_non_negative_int, default=0,
-      help="local SGD: steps of DDP gradient averaging first (default: 0)")
     a("--threads", type=_positive(int), default=1, help="torch threads per worker (default: 1)")
     a("--timeout", type=_positive(float), default=120.0,
       help="seconds before a silent peer is declared dead (default: 120)")
@@ -167,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--results-dir", default="results",
       help="where the table, JSON and figures go (default: results)")
     a("--quiet", action="store_true", help="no progress lines")
+    add_option_arguments(p)
     return p
 
 
@@ -177,7 +177,6 @@ class Run:
     kind: str                  # "mode" or "baseline"
     choice: LrChoice
     cfg: Config
-    opts: PeerOptions | None = None
 
 
 def _check(args) -> None:
@@ -210,23 +209,24 @@ def base_config(args, log_dir: Path) -> Config:
                   epochs=args.epochs, log_dir=str(log_dir), lr=args.lr)
 
 
-def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run:
-    kind = "baseline" if label in BASELINES else "mode"
-    fields = {"run_name": label, **config_overrides(label, choice.lr), **changes}
-    if kind == "mode":
-        fields["mode"] = label
-    if label == "local":  # the sequential reference: one worker at full speed
-        fields.update(workers=1, slowdowns=())
-    cfg = dataclasses.replace(base, **fields)
-    opts = None
-    if kind == "baseline":
-        from hetsync.bench.peer_launch import peer_config
+def mode_options(args, spec) -> dict:
+    """The mode options given on the bench's command line that `spec`'s mode has."""
+    flags = {flag for f in spec.option_fields() for flag in f.metadata["flags"]}
+    mine = argparse.Namespace(**{k: v for k, v in vars(args).items()
+                                 if k.startswith(OPTION_PREFIX) and k[len(OPTION_PREFIX):] in flags})
+    return given_options(mine, spec, spec.name)
 
-        opts = PeerOptions(label, args.localsgd_period, args.localsgd_warmup).validate()
-        peer_config(cfg).validate()
-    else:
-        cfg.validate()
-    return Run(label, kind, choice, cfg, opts)
+
+def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run:
+    spec = registry.get(label)
+    fields = {"run_name": label, "mode": label, "lr": choice.lr,
+              "options": mode_options(args, spec), **changes}
+    if spec.max_workers == 1:  # the sequential reference: one worker at full speed
+        fields.update(workers=1, slowdowns=())
+    if not spec.collective:  # it aggregates with its own transport
+        fields["collective"] = "native"
+    cfg = dataclasses.replace(base, **fields).validate()
+    return Run(label, "baseline" if spec.baseline else "mode", choice, cfg)
 
 
 def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
@@ -243,12 +243,7 @@ def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
                            train_size=train_size, stream=stream, enabled=not quiet)
     try:
         with progress:
-            if run.kind == "mode":
-                launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO())
-            else:
-                from hetsync.bench.peer_launch import launch_peer
-
-                launch_peer(run.cfg, run.opts)
+            launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO())
     except LaunchError as err:
         result.error = str(err)
         print(f"[{k}/{n}] {label or run.label}: FAILED: {str(err).splitlines()[0]}",
@@ -338,7 +333,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     notes = _notes(args, base, results, has_sync, speedup_at, load_before, load_after)
     figures = []
     done = [r for r in results if r.summary is not None]
-    local = next((r for r in done if r.label == "local"), None)
+    local = next((r for r in done if r.label in _sequential()), None)
     drawn = [r for r in done if r is not local]
     if not drawn:  # only the sequential run: draw it as a run of its own
         drawn, local = done, None
@@ -382,7 +377,14 @@ def _setup(args, base: Config) -> dict:
                      f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "
                      "runs, range in parentheses; figures from the first seed)"),
             "threads per worker": base.threads,
-            "local SGD": f"K={args.localsgd_period}, warm-up {args.localsgd_warmup} steps"}
+            "mode options": ", ".join(f"{k[len(OPTION_PREFIX):]}={v}"
+                                      for k, v in sorted(vars(args).items())
+                                      if k.startswith(OPTION_PREFIX)) or "defaults"}
+
+
+def _sequential() -> set[str]:
+    """The modes that run on one device: the sequential reference."""
+    return {s.name for s in registry.specs() if s.max_workers == 1}
 
 
 def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -> list[str]:
@@ -393,18 +395,19 @@ def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -
              ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
               + ",".join(f"{x:g}" for x in args.lr_sweep) + " per mode."
               if args.lr_sweep else
-              f"lr: linear scaling of base {args.lr:g}: sync, ddp x workers; esync and "
-              "localsgd: base as local rate (esync global 1); async, dcasgd, local: base."),
+              f"lr: linear scaling of base {args.lr:g}: " + "; ".join(
+                  f"{r.label} {r.lr_how}" for r in results) + "."),
              f"load average (1/5/15 min) {res.load_text(load_before)} before, "
              f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
     labels = {r.label for r in results}
-    if "local" in labels:
-        notes.append("local = one worker, no slowdown (sequential SGD), same budget; drawn "
+    for label in sorted(labels & _sequential()):
+        notes.append(f"{label} = one worker, no slowdown (sequential SGD), same budget; drawn "
                      "dashed in accuracy.png.")
-    if labels & set(BASELINES):
-        notes.append("ddp, localsgd = PyTorch's DistributedDataParallel and post-local SGD "
-                     "(PostLocalSGDOptimizer + PeriodicModelAverager), hetsync.bench.peers; "
-                     "their traffic is the theoretical ring all-reduce volume.")
+    baselines = [r.label for r in results if r.kind == "baseline"]
+    for label in baselines:
+        notes.append(f"{label} = {registry.get(label).summary}, run by hetsync's training "
+                     "loop (hetsync.algorithms.baselines); traffic: the theoretical ring "
+                     "all-reduce volume.")
     notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
     return notes
 

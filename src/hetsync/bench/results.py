@@ -2,7 +2,7 @@
 
 One row per run: the learning rate and how it was chosen, time-to-accuracy per target (training
 time, evaluation excluded), speedup over the `sync` run of the same bench at the speedup target,
-final accuracy, epochs of data trained, throughput, utilisation and traffic (DESIGN.md
+final accuracy, epochs of data trained, throughput, utilisation and traffic (docs/design.md
 "Definitions of the figures"). A run that failed keeps its row, with the reason.
 
 With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hetsync.telemetry.report import table
-from hetsync.telemetry.summarize import speedup, target_key
+from hetsync.telemetry.summarize import SPEEDUP_BASELINE, speedup, target_key
 
 
 @dataclass
@@ -82,10 +82,10 @@ def combine(runs: Sequence[RunResult]) -> RunResult:
 def compute_speedups(results: Sequence[RunResult], targets: Sequence[float]) -> bool:
     """Fill each result's `speedup` {target: tta(sync) / tta(run)}; False when no sync run."""
     done = {r.label: r.summary for r in results if r.summary is not None}
-    if "sync" not in done:
+    if SPEEDUP_BASELINE not in done:
         return False
     for t in targets:
-        for label, value in speedup(done, baseline="sync", target=t).items():
+        for label, value in speedup(done, baseline=SPEEDUP_BASELINE, target=t).items():
             next(r for r in results if r.label == label).speedup[target_key(t)] = value
     return True
 

@@ -2,10 +2,12 @@
 to evaluate now, whether to stop.
 
 Rank 0 proposes (it knows the time budget, the epoch budget and the last test accuracy); the
-others follow. In collective modes the three numbers ride in the aggregation buffer itself, so
-every worker learns them in the same round at no extra message (`CollectiveControl`). In
-asynchronous modes there is no common round, so they go through the process group's key-value
-store (`StoreControl`): one atomic add per round for the sample count, one read of the stop key.
+others follow. The proposal travels apart from the model traffic, by the mode's control path
+(`hetsync.algorithms.base.ControlPath`): in collective modes every worker's three numbers are
+summed by an all-reduce of their own (blocking, or on the background channel), and every
+worker reads the same agreement off the sum (`CollectiveControl`). In asynchronous modes there
+is no common round, so they go through the process group's key-value store (`StoreControl`):
+one atomic add per round for the sample count, one read of the stop key.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Agreement:
 
 
 class CollectiveControl:
-    """The control vector was summed with the model traffic: read the agreement off it."""
+    """The workers' proposals were summed: read the agreement off the sum."""
 
     def __init__(self) -> None:
         self.samples_seen = 0

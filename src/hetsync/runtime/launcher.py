@@ -1,6 +1,6 @@
 """`hetsync launch`: a whole cluster on this machine.
 
-Starts the state server (esync), then one `hetsync worker` process per rank (the last one is the
+Starts the state server (for a mode that needs one: esync), then one `hetsync worker` process per rank (the last one is the
 parameter server when the run needs one), shows one progress line for the cluster, and stops every
 child on Ctrl-C or as soon as one of them fails (its log's last lines are shown). At the end it
 summarises the run directory, draws the figures and prints the summary table.
@@ -99,9 +99,9 @@ class Cluster:
         host, port = self.cfg.state_ip, self.cfg.state_port
         if not _port_free(host, port):
             port = free_port(host)  # another run holds the default port: take any free one
+        # The workers' rank 0 starts the run on it with the mode's own options (`/init`).
         self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
-                                     "--workers", str(self.cfg.workers),
-                                     "--epsilon", "auto" if self.cfg.epsilon is None else str(self.cfg.epsilon)])
+                                     "--workers", str(self.cfg.workers)])
         client = StateClient(host, port, timeout=5)
         try:
             client.wait_until_up(deadline_s=30)
@@ -194,7 +194,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
-        if cfg.effective_mode == "esync":
+        if cfg.spec.state_server:
             cluster.start_state_server()
         cluster.start_ranks(run_dir / "config.json")
         while True:

@@ -1,17 +1,25 @@
-"""The one training loop that every mode runs.
+"""The one training loop that every mode runs, hetsync's and PyTorch's baselines alike.
 
-Per step: draw a batch of this worker's shard, forward, backward, the mode's local update, the
-emulated slowdown, then ask the mode whether the step ends a round. At the end of a round the
-mode communicates and the loop records the round (compute / wait / comm / bytes). When a
-round's sum is in (at once, or some steps later for a mode that aggregates in the background),
-the workers act on what it agreed (`control.py`): samples seen, evaluation (on rank 0, of the
-global model), stop.
+Per step (see `hetsync.algorithms.base` for the mode's side):
 
-Timing follows DESIGN.md: compute = data + forward + backward + local update + emulated slowdown
-(`heterogeneity.py`);
-wait = barrier, state-server queries and time blocked on a sum still in flight; comm = the
-transfers on the critical path; evaluation is kept apart, and the training time used for
-time-to-accuracy excludes it.
+1. draw a batch of this worker's shard; forward (through `mode.module`) and backward;
+2. emulate the device's slowness (`heterogeneity.py`), before any communication of the step;
+3. `mode.poll()`, then `action = mode.decide(step)`: what the step does, decided without I/O;
+4. at the end of a round, rank 0's proposal (samples, evaluate, stop) goes out by the mode's
+   control path: a blocking three-float all-reduce before the round's communication (it is
+   that round's barrier), a job on the background channel after it (acted on when it comes
+   in, and before the next round starts, so every worker stops after the same round), or the
+   key-value store (asynchronous modes);
+5. `mode.apply(action)`: the local update and the mode's communication;
+6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
+   samples seen, evaluation (on rank 0, of the global model; in collective modes every worker
+   pauses for it), stop.
+
+Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
+local update (the part of `apply` not spent waiting or communicating); wait = barriers,
+state-server queries and time blocked on a sum still in flight; comm = the transfers on the
+critical path; evaluation is kept apart, and the training time used for time-to-accuracy
+excludes it.
 """
 
 from __future__ import annotations
@@ -19,14 +27,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from hetsync.algorithms.base import Algorithm
+from hetsync.algorithms.base import ControlPath, Mode, Step
 from hetsync.config import Config
-from hetsync.runtime.control import Agreement, CollectiveControl, Proposal
-from hetsync.runtime.heterogeneity import StepTimer
+from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
+                                     StoreControl)
 
 
 @dataclass
@@ -67,24 +74,50 @@ class LoopState:
         return now - self.t0 - self.eval_total
 
 
-class TrainingLoop:
-    """Drives `algo` over `batches` until the workers agree to stop."""
+@dataclass
+class _Round:
+    """What the current round has done so far (reset when it is recorded)."""
 
-    def __init__(self, cfg: Config, algo: Algorithm, *, rank: int, batches, train_set, test_set,
-                 device: torch.device, recorder, eval_recorder=None, control=None,
-                 barrier: Callable[[], None] | None = None, progress=None,
-                 device_name: str = "cpu"):
-        self.cfg, self.algo, self.rank = cfg, algo, rank
+    start: float
+    meter: tuple[int, int]
+    eval_total: float            # LoopState.eval_total when the round began
+    compute: float = 0.0
+    loss_sum: float = 0.0
+    steps: int = 0
+    samples: int = 0
+
+
+class TrainingLoop:
+    """Drives `mode` over `batches` until the workers agree to stop.
+
+    `store`: the process group's key-value store, for modes whose agreement goes through it
+    (required when the mode's control path is STORE and there is more than one worker).
+    """
+
+    def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
+                 device: torch.device, recorder, eval_recorder=None, store=None,
+                 progress=None):
+        self.cfg, self.mode, self.rank = cfg, mode, rank
         self.batches, self.train_set, self.test_set = batches, train_set, test_set
-        self.device, self.device_name = device, device_name
+        self.device = device
         self.recorder, self.eval_recorder = recorder, eval_recorder
-        self.control = control
-        self.barrier = barrier or (lambda: None)
         self.progress = progress
-        self.slowdown = cfg.slowdown_of(rank)
         self.train_size = len(train_set)
         self.criterion = torch.nn.CrossEntropyLoss()
-        self._exchanged: Agreement | None = None  # asynchronous modes' agreement
+        workers = mode.comm.workers
+        self.path = None if workers == 1 else mode.control
+        if self.path is None:
+            self.control = LocalControl()
+        elif self.path is ControlPath.STORE:
+            self.control = StoreControl(store, rank)
+        else:
+            self.control = CollectiveControl()
+        self._in_flight = None  # the background channel's future of the last proposal's sum
+
+    @property
+    def pauses_everyone(self) -> bool:
+        """Whether an evaluation pauses every worker (a collective mode, or one worker)."""
+        return self.path in (None, ControlPath.BLOCKING, ControlPath.BACKGROUND)
 
     # ------------------------------------------------------------------ rank 0's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
@@ -96,135 +129,153 @@ class TrainingLoop:
                 or (cfg.epochs is not None and seen >= cfg.epochs * self.train_size)
                 or (cfg.target_acc is not None and st.last_acc >= cfg.target_acc))
         if cfg.eval_every > 0:
-            evaluate_now = self.algo.round % cfg.eval_every == 0
+            evaluate_now = self.mode.round % cfg.eval_every == 0
         else:
             evaluate_now = train_time - st.last_eval_train_time >= cfg.eval_interval
         return Proposal(samples, evaluate_now or stop, stop)
 
     # ------------------------------------------------------------------ evaluation
-    def _evaluate(self, st: LoopState, pause_everyone: bool) -> float:
-        """Rank 0 evaluates; in collective modes everyone waits for it. Returns seconds paused
-        (the barrier's time is evaluation, not waiting: the clock's `eval` phase is dropped)."""
+    def _evaluate(self, st: LoopState) -> None:
+        """Rank 0 evaluates; in collective modes everyone waits for it (the barrier's time is
+        evaluation, not waiting: the clock's `eval` phase is not recorded as wait)."""
         start = time.perf_counter()
         train_time = st.train_time(start)
         if self.rank == 0:
-            with self.algo.global_model():
-                result = evaluate(self.algo.model, self.test_set, self.device)
+            with self.mode.global_model():
+                result = evaluate(self.mode.model, self.test_set, self.device)
             st.last_acc = result.test_acc
             st.last_eval_train_time = train_time
             if self.eval_recorder is not None:
                 self.eval_recorder.write({
                     "t": time.perf_counter() - st.t0, "train_time": train_time,
-                    "round": self.algo.round - 1, "samples_seen": st.samples_seen,
+                    "round": self.mode.round - 1, "samples_seen": st.samples_seen,
                     "test_acc": result.test_acc, "test_loss": result.test_loss})
             if self.progress is not None:
-                self.progress(self.algo.round - 1, train_time, st.samples_seen, result)
-        if pause_everyone:
-            self.barrier()
-        paused = time.perf_counter() - start
-        st.eval_total += paused
-        return paused
+                self.progress(self.mode.round - 1, train_time, st.samples_seen, result)
+        if self.pauses_everyone:
+            self.mode.comm.barrier(phase="eval")
+        st.eval_total += time.perf_counter() - start
 
     def evaluate_initial(self, t0: float) -> None:
         """Accuracy of the starting model (round 0, training time 0), before the clock runs."""
         if self.rank == 0 and self.eval_recorder is not None:
-            result = evaluate(self.algo.model, self.test_set, self.device)
+            result = evaluate(self.mode.model, self.test_set, self.device)
             self.eval_recorder.write({"t": 0.0, "train_time": 0.0, "round": 0, "samples_seen": 0,
                                       "test_acc": result.test_acc,
                                       "test_loss": result.test_loss})
 
-    # ------------------------------------------------------------------ the loop
-    def run(self, t0: float) -> LoopState:
-        algo, clock, model = self.algo, self.algo.comm.clock, self.algo.model
-        st = LoopState(t0=t0)
-        collective = algo.collective_control and self.control is None
-        agreement_of = CollectiveControl() if collective else None
-        model.train()
-        round_start = time.perf_counter()
-        compute = loss_sum = 0.0
-        steps = samples = 0
-        meter_before = _meter_totals()
-        eval_recorded = 0.0  # evaluation seconds already in a record
-        timer = StepTimer(self.slowdown, cpu_device=self.device.type == "cpu")
-        clock.take()
-        for epoch, idx in self.batches:
-            step_start = timer.begin()
-            x, y = self.train_set.batch(idx)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            algo.optimizer.zero_grad(set_to_none=True)
-            loss = self.criterion(model(x), y)
-            loss.backward()
-            algo.local_step()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            timer.emulate()  # a slower device (runtime/heterogeneity.py)
-            step_time = time.perf_counter() - step_start
-            compute += step_time
-            steps += 1
-            samples += len(idx)
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(
-                    f"rank {self.rank}: training loss is {loss_value} at round {algo.round}; "
-                    f"lower the learning rate (-l/-ll, now {algo.lr})")
-            loss_sum += loss_value
-            ends_round = algo.wants_sync(step_time)
-            if ends_round:
-                algo.settle()  # a sum still in flight, and its agreement, come first
-            if self._agree(st, agreement_of, collective):
-                break
-            if not ends_round:
-                continue
-
-            # ---- the round ends: communicate, record
-            proposal = self._propose(st, samples, time.perf_counter())
-            finished_round = algo.round
-            algo.synchronize(proposal.as_tensor() if collective else None)
-            if not collective:
-                with clock.phase("wait"):
-                    self._exchanged = self.control.exchange(proposal)
-            self._record(finished_round, steps, samples, round_start, compute, loss_sum,
-                         st.eval_total - eval_recorded, meter_before, st, epoch)
-            eval_recorded = st.eval_total
-            round_start = time.perf_counter()
-            compute = loss_sum = 0.0
-            steps = samples = 0
-            meter_before = _meter_totals()
-            if self._agree(st, agreement_of, collective):
-                break
-        algo.finish()
-        return st
-
-    def _agree(self, st: LoopState, agreement_of: CollectiveControl | None,
-               collective: bool) -> bool:
-        """Act on a round's agreement if one came in: count samples, evaluate (everyone pauses
-        in collective modes), and say whether to stop."""
-        if collective:
-            summed = self.algo.agreed_control()
-            agreement = None if summed is None else agreement_of.agree(summed)
-        else:
-            agreement, self._exchanged = self._exchanged, None
+    # ------------------------------------------------------------------ the agreement
+    def _act(self, st: LoopState, agreement: Agreement | None) -> bool:
+        """Count the samples, evaluate if agreed, and say whether to stop."""
         if agreement is None:
             return False
         st.samples_seen = agreement.samples_seen
         if agreement.evaluate:
-            self._evaluate(st, pause_everyone=collective)
+            self._evaluate(st)
         return agreement.stop
 
-    def _record(self, round_, steps, samples, round_start, compute, loss_sum, eval_s,
-                meter_before, st: LoopState, epoch: int) -> None:
-        spent = self.algo.comm.clock.take()
+    def _background_agreement(self, st: LoopState, wait: bool) -> bool:
+        """Act on the last proposal's sum from the channel once it is in (`wait`: block for
+        it, timed as `wait`); whether to stop."""
+        if self._in_flight is None or not (wait or self._in_flight.done()):
+            return False
+        with self.mode.comm.clock.phase("wait"):
+            summed, self._in_flight = self._in_flight.result(), None
+        return self._act(st, self.control.agree(summed))
+
+    def _before_apply(self, st: LoopState, rnd: _Round) -> tuple[bool, Agreement | None]:
+        """At a round's end, before the mode communicates: the previous round's background
+        agreement must be in (stop: every worker stops after the same round); a blocking
+        agreement is made now. Returns (stop now, this round's agreement)."""
+        if self.path is ControlPath.BACKGROUND and self._background_agreement(st, wait=True):
+            return True, None
+        if self.path is ControlPath.BLOCKING:
+            proposal = self._propose(st, rnd.samples, time.perf_counter())
+            return False, self.control.agree(self.mode.comm.barrier(proposal.as_tensor()))
+        return False, None
+
+    def _after_apply(self, st: LoopState, rnd: _Round,
+                     agreement: Agreement | None) -> Agreement | None:
+        """After the round's communication: the proposal that travels after it."""
+        if self.path in (ControlPath.BLOCKING, ControlPath.BACKGROUND):
+            if self.path is ControlPath.BACKGROUND:
+                proposal = self._propose(st, rnd.samples, time.perf_counter())
+                self._in_flight = self.mode.comm.start_all_reduce(
+                    proposal.as_tensor(), f"agreement of round {self.mode.round - 1}")
+            return agreement
+        proposal = self._propose(st, rnd.samples, time.perf_counter())
+        with self.mode.comm.clock.phase("wait"):
+            return self.control.exchange(proposal)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, t0: float) -> LoopState:
+        mode, comm = self.mode, self.mode.comm
+        timer = comm.timer
+        st = LoopState(t0=t0)
+        mode.module.train()
+        rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
+        comm.clock.take()
+        for epoch, idx in self.batches:
+            started, waited = timer.begin(), comm.clock.total()
+            x, y = self.train_set.batch(idx)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            mode.optimizer.zero_grad(set_to_none=True)
+            loss = self.criterion(mode.module(x), y)
+            loss.backward()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            timer.emulate()  # a slower device (runtime/heterogeneity.py); DDP did in backward
+            ended = time.perf_counter()
+            # (DDP waits and communicates inside backward: that time is not computing)
+            rnd.compute += (ended - started) - (comm.clock.total() - waited)
+            rnd.steps += 1
+            rnd.samples += len(idx)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(
+                    f"rank {self.rank}: training loss is {loss_value} at round {mode.round}; "
+                    f"lower the learning rate (-l/-ll, now {mode.lr})")
+            rnd.loss_sum += loss_value
+
+            mode.poll()
+            action = mode.decide(Step(started, ended))
+            agreement = None
+            if action.ends_round:
+                stop, agreement = self._before_apply(st, rnd)
+                if stop:
+                    break
+            finished_round = mode.round
+            applying, waited = time.perf_counter(), comm.clock.total()
+            mode.apply(action)
+            rnd.compute += (time.perf_counter() - applying) - (comm.clock.total() - waited)
+            if not action.ends_round:
+                if self._background_agreement(st, wait=False):
+                    break
+                continue
+
+            # ---- the round ends: the agreement's other half, the record, acting on it
+            agreement = self._after_apply(st, rnd, agreement)
+            stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
+            self._record(finished_round, rnd, st, epoch)
+            rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
+            if stop:
+                break
+        mode.finish()
+        return st
+
+    def _record(self, round_: int, rnd: _Round, st: LoopState, epoch: int) -> None:
+        spent = self.mode.comm.clock.take()
         sent, recv = _meter_totals()
-        now = time.perf_counter()
         self.recorder.write({
-            "rank": self.rank, "device": self.device_name, "round": round_,
-            "local_steps": steps, "samples": samples,
-            "t_start": round_start - st.t0, "t_end": now - st.t0,
-            "compute_s": compute, "wait_s": spent.get("wait", 0.0) + spent.get("query", 0.0),
+            "rank": self.rank, "device": self.mode.comm.device_name, "round": round_,
+            "local_steps": rnd.steps, "samples": rnd.samples,
+            "t_start": rnd.start - st.t0, "t_end": time.perf_counter() - st.t0,
+            "compute_s": rnd.compute,
+            "wait_s": spent.get("wait", 0.0) + spent.get("query", 0.0),
             "comm_s": spent.get("comm", 0.0), "query_s": spent.get("query", 0.0),
-            "eval_s": eval_s, "bytes_sent": sent - meter_before[0],
-            "bytes_recv": recv - meter_before[1], "loss": loss_sum / max(steps, 1),
-            "lr": self.algo.lr, "epoch": epoch})
+            "eval_s": st.eval_total - rnd.eval_total, "bytes_sent": sent - rnd.meter[0],
+            "bytes_recv": recv - rnd.meter[1], "loss": rnd.loss_sum / max(rnd.steps, 1),
+            "lr": self.mode.lr, "epoch": epoch})
 
 
 def _meter_totals() -> tuple[int, int]:

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 import hetsync
-from hetsync.algorithms import CommContext, build_algorithm, build_server_rule
 from hetsync.algorithms.base import flatten
+from hetsync.algorithms.registry import build_server_rule
 from hetsync.config import Config, ConfigError
-from hetsync.runtime.control import LocalControl, StoreControl
+from hetsync.runtime.assembly import assemble, device_label
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
@@ -49,10 +49,6 @@ def pick_device(cfg: Config, local_rank: int = 0) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ConfigError(f"-g/--gpu {cfg.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)
-
-
-def device_label(device: torch.device) -> str:
-    return "cpu" if device.type == "cpu" else f"gpu{device.index}"
 
 
 def default_run_name(cfg: Config) -> str:
@@ -88,6 +84,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     from hetsync.models import build_model
 
     set_default_timeout(cfg.timeout)
+    spec, options = cfg.spec, cfg.mode_options()
     name = broadcast_text(cfg.run_name or default_run_name(cfg))
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -97,8 +94,11 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
           "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
           "role": "parameter-server" if is_server else "worker"}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
-    # Every rank makes its worker group, the server too (new_group is collective).
-    group = dist.new_group(list(range(cfg.workers))) if world > 1 else None
+    # Every rank makes the workers' groups, the server too (new_group is collective): one for
+    # the main thread, one for the background channel.
+    workers = list(range(cfg.workers))
+    group, channel_group = ((dist.new_group(workers), dist.new_group(workers)) if world > 1
+                            else (None, None))
 
     data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
@@ -111,64 +111,43 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     shards = partition(cfg.effective_partition, data.train.labels.numpy(), cfg.workers,
                        cfg.seed, alpha=cfg.dirichlet_alpha)
     batches = ShardSampler(shards[rank], cfg.batch_size, seed=cfg.seed * 1000 + rank)
-    lr = cfg.effective_local_lr if cfg.effective_mode == "esync" else cfg.lr
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
-    comm = CommContext(rank=rank, workers=cfg.workers, group=group,
-                       collective=cfg.collective, timeout=cfg.timeout,
-                       comm_device=None if device.type == "cpu" or dist.get_backend() == "nccl"
-                       else torch.device("cpu"))
-    state_client = None
-    if cfg.needs_ps:
-        from hetsync.comm import PSClient, connect
-
-        # `connect` also makes it the client that all_reduce(..., "ps") uses.
-        comm.ps_client = connect(world - 1) if cfg.collective == "ps" else PSClient(world - 1)
-    if cfg.effective_mode == "esync":
-        from hetsync.state import StateClient
-
-        state_client = StateClient(cfg.state_ip, cfg.state_port, timeout=cfg.timeout)
-        state_client.wait_until_up(deadline_s=min(cfg.timeout, 60.0))
-        if rank == 0:
-            state_client.init(cfg.workers, cfg.epsilon)
-    algo = build_algorithm(cfg.effective_mode, model, optimizer, comm,
-                           state_client=state_client, global_lr=cfg.global_lr,
-                           server_lr=cfg.lr, device_name=device_label(device),
-                           overlap=cfg.overlap)
-    algo.setup()
-
-    control = None
-    if not algo.collective_control:
-        control = (StoreControl(dist.distributed_c10d._get_default_store(), rank)
-                   if world > 1 else LocalControl())
+    optimizer = torch.optim.SGD(model.parameters(), momentum=cfg.momentum,
+                                lr=spec.worker.optimizer_lr(cfg.lr, options))
+    assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
+                        group=group, channel_group=channel_group, collective=cfg.collective,
+                        timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
+                        ps_rank=world - 1 if cfg.needs_ps else None,
+                        slowdown=cfg.slowdown_of(rank))
+    mode = assembly.mode
+    store = dist.distributed_c10d._get_default_store() if world > 1 else None
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
-    with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
-        loop = TrainingLoop(cfg, algo, rank=rank, batches=batches, train_set=data.train,
-                            test_set=data.test, device=device, recorder=recorder,
-                            eval_recorder=eval_recorder, control=control,
-                            barrier=lambda: comm.wait_for_peers(phase="eval"),
-                            progress=progress,
-                            device_name=device_label(device))
-        loop.evaluate_initial(0.0)
-        if world > 1:  # the workers start their clocks together (no synchronised clocks needed)
-            dist.barrier(group=group)
-        t0 = time.perf_counter()
-        start_time = time.time()
-        if rank == 0:
-            write_json_atomic(run_dir / "run.json", _run_info(cfg, name, world, ranks,
-                                                              start_time))
-        state = loop.run(t0)
-        if rank == 0:
-            wall = time.perf_counter() - t0
-            # paused_s: evaluation time during which every worker waited (collective modes,
-            # and a single worker, which its own evaluation stops)
-            write_json_atomic(run_dir / "run.json", _run_info(
-                cfg, name, world, ranks, start_time, end_time=start_time + wall, wall_s=wall,
-                train_time=state.train_time(time.perf_counter()),
-                paused_s=state.eval_total if algo.collective_control or cfg.workers == 1 else 0.0))
-    if eval_recorder is not None:
-        eval_recorder.close()
-    if state_client is not None:
-        state_client.close()
+    try:
+        with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
+            loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
+                                test_set=data.test, device=device, recorder=recorder,
+                                eval_recorder=eval_recorder, store=store, progress=progress)
+            loop.evaluate_initial(0.0)
+            if world > 1:  # the workers start their clocks together (no synchronised clocks)
+                dist.barrier(group=group)
+            t0 = time.perf_counter()
+            start_time = time.time()
+            info = dict(cfg=cfg, name=name, world=world, ranks=ranks, start_time=start_time,
+                        mode_info=mode.describe())
+            if rank == 0:
+                write_json_atomic(run_dir / "run.json", _run_info(**info))
+            state = loop.run(t0)
+            if rank == 0:
+                wall = time.perf_counter() - t0
+                # paused_s: evaluation time during which every worker waited (collective modes,
+                # and a single worker, which its own evaluation stops)
+                write_json_atomic(run_dir / "run.json", _run_info(
+                    **info, end_time=start_time + wall, wall_s=wall,
+                    train_time=state.train_time(time.perf_counter()),
+                    paused_s=state.eval_total if loop.pauses_everyone else 0.0))
+    finally:
+        if eval_recorder is not None:
+            eval_recorder.close()
+        assembly.close()
     return run_dir
 
 
@@ -177,8 +156,8 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
     from hetsync.comm import ParameterServer, meter
 
     weights = flatten([p for p in model.parameters() if p.requires_grad]).float().cpu()
-    rule = (build_server_rule(cfg.effective_mode, weights, cfg.lr, cfg.dcasgd_lambda)
-            if cfg.effective_mode in ("async", "dcasgd") else None)
+    rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options())
+            if cfg.spec.server_rule is not None else None)
     server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout)
     start = time.perf_counter()
     server.serve()
@@ -188,8 +167,9 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
-              **extra) -> dict:
+              mode_info: dict, **extra) -> dict:
     return {"run_name": name, "mode": cfg.effective_mode, "config": cfg.to_dict(),
+            "mode_info": mode_info,
             "hetsync_version": hetsync.__version__, "torch_version": torch.__version__,
             "python": sys.version.split()[0], "start_time": start_time, "world_size": world,
             "workers": cfg.workers, "ranks": ranks, **extra}

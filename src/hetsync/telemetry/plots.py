@@ -30,7 +30,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from hetsync.telemetry.runlog import RunLog, read_run
-from hetsync.telemetry.summarize import DEFAULT_TARGETS, speedup, summarize_log, target_key
+from hetsync.telemetry.summarize import (DEFAULT_TARGETS, SPEEDUP_BASELINE, speedup,
+                                         summarize_log, target_key)
 
 __all__ = [
     "PHASES",
@@ -297,7 +298,7 @@ def _plot_computing_time_ratio(runs: Sequence[_Run], path: Path) -> Path:
 
 def _plot_speedup(runs: Sequence[_Run], path: Path, target: float) -> Path | None:
     """Speedup = time-to-accuracy(target) of the ``sync`` run ÷ each run's own."""
-    base = next((r for r in runs if r.summary["mode"] == "sync"), None)
+    base = next((r for r in runs if r.summary["mode"] == SPEEDUP_BASELINE), None)
     if base is None:
         warnings.warn(f"speedup.png skipped: no run with mode 'sync' among {[r.label for r in runs]}",
                       PlotWarning, stacklevel=3)

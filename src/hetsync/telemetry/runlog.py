@@ -1,4 +1,4 @@
-"""Reading a run directory (the files the workers and servers write; see DESIGN.md).
+"""Reading a run directory (the files the workers and servers write; see docs/design.md).
 
 A run directory holds:
 

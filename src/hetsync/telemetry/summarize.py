@@ -1,4 +1,4 @@
-"""The figures of a run (DESIGN.md "Definitions of the figures"), computed from its run directory.
+"""The figures of a run (docs/design.md, "Definitions of the figures"), computed from its run directory.
 
 Every figure is a pure function of the records read by :mod:`hetsync.telemetry.runlog`;
 :func:`summarize` composes them into the dict written as ``summary.json``, and
@@ -201,7 +201,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
 
 
 def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
-    """Read ``run_dir`` and compute its figures (DESIGN.md "Definitions of the figures").
+    """Read ``run_dir`` and compute its figures (docs/design.md, "Definitions of the figures").
 
     Keys: ``run_name, mode, workers, slowdowns, lr, batch_size, network, collective`` (from
     run.json/config; ``slowdowns`` is per worker, 1 where the config's list is short); ``complete`` (run.json has ``end_time``); ``wall_s`` (see
@@ -218,8 +218,13 @@ def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -
     return summarize_log(read_run(run_dir), targets)
 
 
+#: The run every speedup is measured against (docs/design.md, "Definitions of the figures").
+SPEEDUP_BASELINE = "sync"
+
+
 def speedup(
-    summaries: Mapping[str, Mapping[str, Any]], baseline: str = "sync", target: float = 0.8
+    summaries: Mapping[str, Mapping[str, Any]], baseline: str = SPEEDUP_BASELINE,
+    target: float = 0.8
 ) -> dict[str, float | None]:
     """Speedup of each run over ``baseline`` at accuracy ``target``:
     time-to-accuracy(baseline) ÷ time-to-accuracy(run).
@@ -280,6 +285,17 @@ def esync_device_names(ranks: Sequence[Mapping[str, Any]]) -> dict[int, tuple[st
     return names
 
 
+def _aggregation_pass(mode: str | None) -> bool:
+    """Whether `mode`'s rounds end with an aggregation pass that ESync's logs count as one more
+    iteration (its `Mode.aggregation_pass`; False for a mode no longer registered)."""
+    from hetsync.algorithms import registry
+
+    try:
+        return bool(registry.get(str(mode)).worker.aggregation_pass)
+    except ValueError:
+        return False
+
+
 def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
     """The run in ESync's ``summary.py`` schema ``{node: {device: {accuracy_list,
     num_samples_list, self_iters_list, elapsed_time_list, aggregate_time_list}}}``, one list
@@ -289,7 +305,8 @@ def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
       (ESync evaluates on rank 0; the key is an empty list for the other ranks);
     - ``num_samples_list``: samples trained in the round;
     - ``self_iters_list``: number of entries in ESync's per-round ``time`` map: in ``esync``
-      mode local_steps + 1 (the aggregation pass is an entry), otherwise local_steps;
+      mode (a mode whose `aggregation_pass` is set) local_steps + 1 (the aggregation pass is
+      an entry), otherwise local_steps;
     - ``elapsed_time_list``: ``int(round(t_end))``, seconds since the run started (ESync counted
       from its logger's creation);
     - ``aggregate_time_list``: ESync's ``global update``/``global aggregate`` time, rounded to
@@ -298,7 +315,7 @@ def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
     """
     ranks = [log.rank_info(rank) for rank in sorted(log.workers)]
     names = esync_device_names(ranks)
-    esync_mode = log.mode == "esync"
+    esync_mode = _aggregation_pass(log.mode)
     out: dict[str, dict[str, dict[str, list]]] = {}
     for rank in sorted(log.workers):
         node, device = names[rank]

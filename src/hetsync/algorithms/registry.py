@@ -1,0 +1,185 @@
+"""The mode registry: the one place that knows, per synchronisation mode, what it needs.
+
+A mode is one file (a :class:`~hetsync.algorithms.base.Mode` subclass, its options dataclass and
+its server rule, if any) that ends with one ``register(ModeSpec(...))``. Everything else — the
+command line, the worker's assembly, ``hetsync.wrap``, the launcher, the bench, the summaries —
+asks the registry instead of comparing the mode's name to a string. Adding a mode (see
+docs/design.md, "Adding a mode"):
+
+    @dataclass
+    class EveryKOptions:
+        period: int = field(default=8, metadata={"flags": ("--period",), "help": "K"})
+
+    class EveryK(Mode):
+        ...
+
+    register(ModeSpec("every-k", EveryK, "average the models every K steps",
+                      options=EveryKOptions))
+
+A module that registers modes outside hetsync is named with ``--plugin MODULE``: every process
+of the run imports it before it reads the mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.sync",
+                    "hetsync.algorithms.esync", "hetsync.algorithms.async_ps",
+                    "hetsync.algorithms.baselines")
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """What the rest of hetsync needs to know about one mode.
+
+    Attributes:
+        name: the mode's name (``-m NAME``).
+        worker: the :class:`~hetsync.algorithms.base.Mode` subclass every worker runs.
+        summary: one line for ``--help``, the README and the bench's notes.
+        options: the mode's own options, a dataclass whose fields carry ``flags`` and ``help``
+            in their metadata (as :class:`hetsync.config.Config`'s) and that may have a
+            ``validate()`` raising :class:`hetsync.config.ConfigError`; ``None``: no options.
+        server_rule: ``(weights, lr, options) -> ServerRule`` for the parameter server's
+            asynchronous requests; ``None``: the server (if any) only sums.
+        state_server: the workers need ESync's state server.
+        parameter_server: the run needs a parameter-server rank whatever ``--collective`` says.
+        collective: the mode aggregates through ``--collective`` (else through its own
+            transport, and ``--collective`` must stay ``native``).
+        lr_scaling: how the bench scales the base rate with P workers: ``"workers"`` (× P: one
+            averaged gradient of P batches per step) or ``"base"``.
+        lr_note: how the rate is used, for the bench's table (e.g. "local rate, global 1").
+        max_workers: the most workers the mode runs on (sequential SGD: 1).
+        baseline: a scheme of PyTorch's own, run by the bench beside hetsync's.
+        resolve: ``options -> name`` of the mode the run really is, for a mode whose options
+            select another (ESync's ``-m async -dcasgd 1`` is ``dcasgd``).
+    """
+
+    name: str
+    worker: type
+    summary: str
+    options: type | None = None
+    server_rule: Callable[..., Any] | None = None
+    state_server: bool = False
+    parameter_server: bool = False
+    collective: bool = True
+    lr_scaling: str = "base"
+    lr_note: str = "base"
+    max_workers: int | None = None
+    baseline: bool = False
+    resolve: Callable[[Any], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.lr_scaling not in ("base", "workers"):
+            raise ValueError(f"mode {self.name!r}: lr_scaling must be 'base' or 'workers', "
+                             f"got {self.lr_scaling!r}")
+        if self.options is not None and not dataclasses.is_dataclass(self.options):
+            raise ValueError(f"mode {self.name!r}: options must be a dataclass, got "
+                             f"{self.options!r}")
+
+    def make_options(self, values: dict[str, Any] | None = None):
+        """The typed options from ``values`` (field name -> value); defaults for the rest."""
+        if self.options is None:
+            return None
+        return self.options(**(values or {}))
+
+    def option_fields(self) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(self.options) if self.options is not None else ()
+
+    def run_mode(self, options) -> str:
+        """The name this run is recorded under (``resolve``, else the mode's own)."""
+        return self.resolve(options) if self.resolve is not None else self.name
+
+    def needs_parameter_server(self, collective: str) -> bool:
+        return self.parameter_server or (self.collective and collective == "ps")
+
+
+_REGISTRY: dict[str, ModeSpec] = {}
+_loaded = False
+
+
+def register(spec: ModeSpec) -> ModeSpec:
+    """Add ``spec``; ValueError if its name is taken or one of its option flags is claimed by
+    another options class."""
+    old = _REGISTRY.get(spec.name)
+    if old is not None and _qualname(old.worker) != _qualname(spec.worker):
+        raise ValueError(f"mode {spec.name!r} is already registered "
+                         f"(by {_REGISTRY[spec.name].worker.__module__})")
+    claimed = {flag: s for s in _REGISTRY.values() if s.name != spec.name
+               for f in s.option_fields()
+               for flag in f.metadata["flags"]}
+    for f in spec.option_fields():
+        for flag in f.metadata["flags"]:
+            other = claimed.get(flag)
+            if other is not None and _qualname(other.options) != _qualname(spec.options):
+                raise ValueError(f"mode {spec.name!r}: option flag {flag} is already an option "
+                                 f"of mode {other.name!r}")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _qualname(cls: type) -> str:
+    """A class's identity that survives its module being imported again."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+
+
+def get(name: str) -> ModeSpec:
+    """The spec of mode ``name``; ValueError naming it and the valid ones."""
+    _load_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown mode {name!r}; expected one of {', '.join(names())}") \
+            from None
+
+
+def specs() -> tuple[ModeSpec, ...]:
+    """Every registered spec: hetsync's own in the order of their modules, then the others in
+    the order they were registered."""
+    _load_builtins()
+
+    def order(spec: ModeSpec) -> int:
+        module = spec.worker.__module__
+        return _BUILTIN_MODULES.index(module) if module in _BUILTIN_MODULES \
+            else len(_BUILTIN_MODULES)
+
+    return tuple(sorted(_REGISTRY.values(), key=order))
+
+
+def names(*, baseline: bool | None = None) -> tuple[str, ...]:
+    """Registered mode names, in the order of `specs` (``baseline`` filters)."""
+    return tuple(s.name for s in specs() if baseline is None or s.baseline == baseline)
+
+
+def import_plugins(modules) -> None:
+    """Import each module named in ``modules`` (they register modes); ValueError naming one
+    that cannot be imported."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - any failure of a user's module, named
+            raise ValueError(f"plugin module {module!r} could not be imported: "
+                             f"{type(err).__name__}: {err}") from None
+
+
+def build_server_rule(name: str, weights, lr: float, options=None):
+    """The parameter server's rule for mode `name` (its `server_rule`); ValueError naming a
+    mode that has none."""
+    spec = get(name)
+    if spec.server_rule is None:
+        with_rule = [s.name for s in specs() if s.server_rule is not None]
+        raise ValueError(f"mode {name!r} has no parameter-server rule; expected one of "
+                         f"{', '.join(with_rule)}")
+    return spec.server_rule(weights, lr, options if options is not None else
+                            spec.make_options())

@@ -1,0 +1,89 @@
+"""One assembly of a mode, for `hetsync worker` and `hetsync.wrap` alike.
+
+Given the mode's spec (`hetsync.algorithms.registry`), its options, the model and the
+optimizer, `assemble` connects what the mode needs and returns it ready to train:
+
+1. the workers' process group, and where tensors travel (CPU staging of a CUDA model under
+   gloo);
+2. the parameter-server client when the mode or `--collective ps` needs one (the server is the
+   last global rank);
+3. the state-server client when the mode needs one, checked to be up;
+4. the worker's persistent background channel (`hetsync.comm.channel`, its own group);
+5. the step timer that emulates the device's speed (`runtime/heterogeneity.py`);
+6. the mode itself, whose `setup()` makes every worker start from the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetsync.algorithms.base import CommContext, Mode
+from hetsync.algorithms.registry import ModeSpec
+from hetsync.comm.channel import Channel
+from hetsync.runtime.heterogeneity import StepTimer
+
+
+@dataclass
+class Assembly:
+    """A mode ready to train, and what it was connected to (closed by `close`)."""
+
+    spec: ModeSpec
+    mode: Mode
+    comm: CommContext
+
+    def close(self) -> None:
+        """Stop the background channel and close the state-server connection."""
+        if self.comm.channel is not None:
+            self.comm.channel.close()
+        if self.comm.state_client is not None:
+            self.comm.state_client.close()
+
+
+def device_label(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"gpu{device.index}"
+
+
+def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
+             group: dist.ProcessGroup | None, collective: str = "native",
+             timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
+             ps_rank: int | None = None, slowdown: float = 1.0,
+             channel_group: dist.ProcessGroup | None = None) -> Assembly:
+    """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
+
+    `group` is the workers' process group (None: the default group, which must then hold the
+    workers only); `channel_group`, a second group of the same ranks for the background
+    channel (None: made here, by the workers only). Every worker calls this, in the same order
+    as its other collectives.
+    """
+    device = next(model.parameters()).device
+    gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
+    comm = CommContext(rank=rank, workers=workers, group=group, collective=collective,
+                       timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
+                       timer=StepTimer(slowdown, cpu_device=device.type == "cpu"),
+                       device_name=device_label(device))
+    if spec.needs_parameter_server(collective):
+        from hetsync.comm import PSClient, connect
+
+        if ps_rank is None:
+            raise ValueError(f"mode {spec.name!r} with --collective {collective} needs a "
+                             f"parameter server: give its rank")
+        # `connect` also makes it the client that all_reduce(..., "ps") uses.
+        comm.ps_client = connect(ps_rank) if collective == "ps" else PSClient(ps_rank)
+    if spec.state_server:
+        from hetsync.state import StateClient
+
+        comm.state_client = StateClient(*state_server, timeout=timeout)
+        comm.state_client.wait_until_up(deadline_s=min(timeout, 60.0))
+    if workers > 1:
+        ranks = [dist.get_global_rank(group, r) if group is not None else r
+                 for r in range(workers)]
+        comm.channel = (Channel(channel_group, timeout=timeout) if channel_group is not None
+                        else Channel.for_ranks(ranks, timeout=timeout))
+    mode = spec.worker(model, optimizer, comm, options)
+    mode.setup()
+    return Assembly(spec, mode, comm)

@@ -1,0 +1,83 @@
+"""The persistent background channel on real gloo processes: its own group, in-order jobs,
+deadlines instead of hangs."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distributed import run_ranks
+from hetsync.comm import CommError, CommTimeoutError, all_reduce
+from hetsync.comm.channel import Channel
+
+
+def _background_beside_main(rank, world):
+    main = dist.new_group(list(range(world)))
+    channel = Channel(dist.new_group(list(range(world))), timeout=30)
+    futures, mains, expected = [], [], []
+    for k in range(20):
+        # Both threads run ring all-reduces (point-to-point on the same tag) at once: only
+        # separate groups keep their messages apart.
+        bg = torch.full((50_000,), float(rank + k))
+        ref = bg.clone()
+        dist.all_reduce(ref, group=main)
+        expected.append(ref)
+        futures.append(channel.submit(
+            lambda group, t=bg: all_reduce(t, algorithm="ring", group=group, timeout=30),
+            f"job {k}"))
+        fg = torch.full((50_000,), float(10 * rank - k))
+        all_reduce(fg, algorithm="ring", group=main, timeout=30)
+        mains.append(fg)
+    results = [f.result() for f in futures]
+    channel.close()
+    return results, expected, mains
+
+
+@pytest.mark.slow
+def test_background_collectives_never_cross_the_main_threads():
+    world = 3
+    for results, expected, mains in run_ranks(_background_beside_main, world):
+        for k, (got, ref) in enumerate(zip(results, expected)):
+            torch.testing.assert_close(got, ref, msg=f"background job {k}")
+        for k, got in enumerate(mains):
+            want = float(sum(10 * r - k for r in range(world)))
+            torch.testing.assert_close(got, torch.full_like(got, want), msg=f"main {k}")
+
+
+def _dead_peer(rank, world):
+    channel = Channel(dist.new_group(list(range(world))), timeout=3)
+    if rank == world - 1:
+        time.sleep(6)  # alive but silent: its peers' jobs cannot complete
+        return None
+    start = time.monotonic()
+    first = channel.submit(lambda g: all_reduce(torch.ones(8), "ring", group=g, timeout=3),
+                           "first")
+    second = channel.submit(lambda g: "never run", "second")
+    out = {}
+    for name, fut in (("first", first), ("second", second)):
+        try:
+            fut.result()
+            out[name] = "no error"
+        except CommError as err:
+            out[name] = (type(err).__name__, str(err))
+    out["seconds"] = time.monotonic() - start
+    return out
+
+
+@pytest.mark.slow
+def test_a_silent_peer_fails_the_job_within_its_deadline_and_the_jobs_after_it():
+    for out in run_ranks(_dead_peer, 3, timeout=60)[:2]:
+        assert out["first"][0] == "CommTimeoutError", out
+        assert "broke earlier" in out["second"][1], out
+        assert out["seconds"] < 10, out
+
+
+def test_a_future_past_its_deadline_raises_instead_of_waiting():
+    channel = Channel(None, timeout=0.2)
+    started = time.monotonic()
+    slow = channel.submit(lambda g: time.sleep(1.0), "slow job")
+    with pytest.raises(CommTimeoutError, match="slow job: not done within"):
+        slow.result()
+    assert time.monotonic() - started < 0.9
+    channel.close(wait=False)

@@ -1,0 +1,72 @@
+"""The run's options: common fields, each mode's own, flags built from their types."""
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+import pytest
+
+from hetsync.cli import LAUNCH_DEFAULTS, build_parser
+from hetsync.config import Config, ConfigError, config_from_args, flag_table, parser_for
+
+
+def _launch(*argv) -> Config:
+    args = build_parser().parse_args(["launch", *argv])
+    return config_from_args(args, LAUNCH_DEFAULTS)
+
+
+def test_a_modes_options_come_from_its_own_flags():
+    cfg = _launch("-m", "esync", "-ll", "0.1", "-gl", "0.5", "--overlap", "0",
+                  "--epsilon", "auto").validate()
+    opts = cfg.mode_options()
+    assert (opts.local_lr, opts.global_lr, opts.overlap, opts.epsilon) == (0.1, 0.5, False, None)
+    cfg = _launch("-m", "async", "-dcasgd", "1", "--dcasgd-lambda", "0.1").validate()
+    assert cfg.effective_mode == "dcasgd" and cfg.needs_ps and cfg.world_size == 5
+    assert Config.from_dict(cfg.to_dict()) == cfg  # config.json keeps them
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-m", "sync", "-ll", "0.1"], "-ll/--local-lr: is an option of mode esync, not of -m sync"),
+    (["-m", "esync", "-gl", "0"], "-gl/--global-lr: invalid value 0.0; expected a finite"),
+    (["-m", "esync", "--epsilon", "3"], "--epsilon: invalid value 3.0; expected auto or a"),
+    (["-m", "dcasgd", "--dcasgd-lambda", "-1"], "--dcasgd-lambda: invalid value -1.0"),
+    (["-m", "post-local-sgd", "--localsgd-period", "0"], "--localsgd-period: invalid value 0"),
+    (["-m", "ddp", "--collective", "ring"], "--collective: invalid value 'ring'; expected "
+                                            "native with -m ddp"),
+    (["-m", "local"], "--workers: invalid value 4; expected at most 1 with -m local"),
+    (["--plugin", "no_such_module_here"], "--plugin: plugin module 'no_such_module_here'"),
+])
+def test_a_bad_mode_option_is_one_line_naming_the_flag(argv, message):
+    with pytest.raises(ConfigError) as err:
+        _launch(*argv).validate()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_new_field_of_any_optional_type_gets_a_parser():
+    @dataclass
+    class Options:
+        steps: int | None = field(default=None, metadata={"flags": ("--steps",)})
+        rate: float = field(default=1.0, metadata={"flags": ("--rate",)})
+        names: tuple[str, ...] = field(default=(), metadata={"flags": ("--names",)})
+
+    hints = typing.get_type_hints(Options)
+    parsers = {f.name: parser_for(f, hints) for f in dataclasses.fields(Options)}
+    assert parsers["steps"]("12") == 12 and parsers["steps"]("none") is None
+    assert parsers["rate"]("0.5") == 0.5 and parsers["names"]("a, b") == ("a", "b")
+    with pytest.raises(ValueError):
+        parsers["steps"]("twelve")
+
+    @dataclass
+    class Odd:
+        when: complex = field(default=0j, metadata={"flags": ("--when",)})
+
+    with pytest.raises(TypeError, match="no command-line parser for type"):
+        parser_for(dataclasses.fields(Odd)[0], typing.get_type_hints(Odd))
+
+
+def test_the_flag_table_lists_common_and_mode_options():
+    rows = {long: (short, help_) for short, long, _, help_ in flag_table()}
+    assert rows["--learning-rate"][0] == "-l" and rows["--local-lr"][0] == "-ll"
+    assert rows["--dcasgd-lambda"][1].startswith("[async, dcasgd]")
+    assert isinstance(build_parser(), argparse.ArgumentParser)
