@@ -36,6 +36,11 @@ def test_a_modes_options_come_from_its_own_flags():
                                             "native with -m ddp"),
     (["-m", "local"], "--workers: invalid value 4; expected at most 1 with -m local"),
     (["--plugin", "no_such_module_here"], "--plugin: plugin module 'no_such_module_here'"),
+    (["--straggle-prob", "1.5"], "--straggle-prob: invalid value 1.5; expected a probability"),
+    (["--inject", "1"], "--inject: invalid value True; expected 0 unless --partition is class"),
+    (["-m", "selsync", "--selsync-aggregate", "models"], "--selsync-aggregate: invalid value "
+                                                         "'models'; expected parameters or"),
+    (["-m", "eager-solo", "--eager-divide", "all"], "--eager-divide: invalid value 'all'"),
 ])
 def test_a_bad_mode_option_is_one_line_naming_the_flag(argv, message):
     with pytest.raises(ConfigError) as err:

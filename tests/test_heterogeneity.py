@@ -30,3 +30,26 @@ def test_the_timer_makes_a_cpu_bound_step_last_factor_times_its_cpu_time():
         durations.append(time.perf_counter() - start)
     # ~60 ms each (3 x 20 ms of CPU), whatever else the machine was doing meanwhile.
     assert all(0.055 <= d <= 0.25 for d in durations), durations
+
+
+def test_a_random_straggler_sleeps_its_delay_with_its_probability():
+    from hetsync.runtime.heterogeneity import RandomStraggler, parse_delay
+
+    draws = RandomStraggler(0.25, 0.3, seed=7).draws()
+    delays = [next(draws) for _ in range(4000)]
+    assert set(delays) == {0.0, 0.3}
+    assert abs(delays.count(0.3) / len(delays) - 0.25) < 0.03
+    again = RandomStraggler(0.25, 0.3, seed=7).draws()
+    assert [next(again) for _ in range(100)] == delays[:100]  # seeded: reproducible
+    assert parse_delay("0.32") == (0.32, False) and parse_delay("4x") == (4.0, True)
+    with pytest.raises(ValueError):
+        parse_delay("-1")
+
+
+def test_the_timer_adds_a_drawn_straggler_delay_to_the_step():
+    from hetsync.runtime.heterogeneity import RandomStraggler
+
+    timer = StepTimer(1.0, straggler=RandomStraggler(1.0, 0.05))  # every step straggles
+    started = timer.begin()
+    timer.emulate()
+    assert time.perf_counter() - started >= 0.05  # a lower bound holds on a busy machine

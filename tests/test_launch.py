@@ -24,7 +24,8 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "esync", "async", "dcasgd"])
+@pytest.mark.parametrize("mode", ["sync", "esync", "async", "dcasgd", "selsync", "eager-solo",
+                                  "eager-majority"])
 def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     cfg = Config(mode=mode, log_dir=str(tmp_path), time_budget=3.0, **SMALL)
     run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))

@@ -77,6 +77,21 @@ class Config:
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),
                                          "help": "F1,F2,...: worker i sleeps (Fi-1)x its compute"})
+    straggle_prob: float = field(default=0.0, metadata={"flags": ("--straggle-prob",),
+                                 "help": "random stragglers (eager-SGD's imbalance): each "
+                                         "step each worker sleeps --straggle-delay with this "
+                                         "probability"})
+    straggle_delay: str = field(default="4x", metadata={
+        "flags": ("--straggle-delay",), "parser": "delay",
+        "help": "a straggler's delay: seconds (0.32) or a multiple of its step (4x)"})
+    inject: bool = field(default=False, metadata={"flags": ("--inject",),
+                         "help": "data injection for non-iid partitions (SelSync): each step "
+                                 "adds samples of foreign classes from the worker's own copy "
+                                 "of the data (0/1)"})
+    inject_alpha: float = field(default=0.25, metadata={"flags": ("--inject-alpha",),
+                                "help": "injection: ceil(alpha*C) foreign classes per step"})
+    inject_beta: float = field(default=0.25, metadata={"flags": ("--inject-beta",),
+                               "help": "injection: floor(beta*b*P/C) samples of each"})
     collective: str = field(default="native", metadata={"flags": ("--collective",),
                             "help": f"aggregation: {', '.join(COLLECTIVES)}"})
     time_budget: float | None = field(default=None, metadata={"flags": ("--time-budget",),
@@ -141,6 +156,16 @@ class Config:
     def world_size(self) -> int:
         return self.workers + (1 if self.needs_ps else 0)
 
+    def straggler_of(self, rank: int):
+        """Worker `rank`'s random straggler (None when --straggle-prob is 0)."""
+        from hetsync.runtime.heterogeneity import RandomStraggler, parse_delay
+
+        if self.straggle_prob == 0:
+            return None
+        delay, relative = parse_delay(self.straggle_delay)
+        return RandomStraggler(self.straggle_prob, delay, relative,
+                               seed=self.seed * 7919 + 104729 * (rank + 1))
+
     def slowdown_of(self, rank: int) -> float:
         return self.slowdowns[rank] if rank < len(self.slowdowns) else 1.0
 
@@ -190,6 +215,21 @@ class Config:
             raise bad("slowdowns", f"{self.workers} comma-separated factors (one per worker)")
         if any(not (math.isfinite(f) and f >= 1) for f in self.slowdowns):
             raise bad("slowdowns", "factors >= 1 (1 = full speed, 2 = half speed)")
+        if not 0 <= self.straggle_prob <= 1:
+            raise bad("straggle_prob", "a probability in [0, 1]")
+        try:
+            from hetsync.runtime.heterogeneity import parse_delay
+
+            parse_delay(self.straggle_delay)
+        except ValueError:
+            raise bad("straggle_delay", "seconds >= 0 (0.32) or a multiple of the step "
+                                        "(4x)") from None
+        for name in ("inject_alpha", "inject_beta"):
+            if not 0 < getattr(self, name) <= 1:
+                raise bad(name, "a fraction in (0, 1]")
+        if self.inject and self.effective_partition not in ("class", "dirichlet"):
+            raise bad("inject", "0 unless --partition is class or dirichlet (or -s 1): "
+                                "injection brings foreign classes to a worker that lacks them")
         if self.time_budget is not None and not self.time_budget > 0:
             raise bad("time_budget", "a number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
@@ -289,7 +329,18 @@ def _optional(kind):
 
 
 #: Parsers named by a field's `parser` metadata (where its type alone does not say).
-NAMED_PARSERS = {"epsilon": parse_epsilon, "names": _parse_names}
+def _parse_delay(text: str) -> str:
+    from hetsync.runtime.heterogeneity import parse_delay
+
+    try:
+        parse_delay(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (0.32) or a multiple of the step "
+                                         f"(4x), got {text!r}") from None
+    return text.strip().lower()
+
+
+NAMED_PARSERS = {"epsilon": parse_epsilon, "names": _parse_names, "delay": _parse_delay}
 _TYPE_PARSERS = {int: int, float: float, str: str, bool: _parse_bool,
                  tuple[float, ...]: _parse_floats, tuple[str, ...]: _parse_names}
 

@@ -70,6 +70,8 @@ class Action(enum.Enum):
     AVERAGE_GRADIENTS = "average-gradients"  # the mean gradient of all workers, then the update
     AVERAGE_MODELS = "average-models"        # a local update, then aggregate the models
     PUSH = "push"                            # push to the parameter server, take its reply
+    VOTE = "vote"                            # vote; all aggregate if any voted, else local
+    CONTRIBUTE = "contribute"                # hand the gradient to background rounds, apply theirs
 
     @property
     def ends_round(self) -> bool:
@@ -219,6 +221,10 @@ class Mode:
 
     def describe(self) -> dict[str, Any]:
         """What run.json records of the mode beyond its options (e.g. the API it runs on)."""
+        return {}
+
+    def round_record(self) -> dict[str, Any]:
+        """Fields the mode adds to the round's record (e.g. whether it synchronised)."""
         return {}
 
     @property

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.sync",
                     "hetsync.algorithms.esync", "hetsync.algorithms.async_ps",
+                    "hetsync.algorithms.eager", "hetsync.algorithms.selsync",
                     "hetsync.algorithms.baselines")
 
 

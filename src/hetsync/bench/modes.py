@@ -91,14 +91,18 @@ def _positive(kind):
     return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an accuracy, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected an accuracy in (0, 1], got {text!r}")
-    return value
+def _fraction(allow_zero: bool):
+    """A number in (0, 1], or [0, 1] with `allow_zero`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
+        if not (0 < value <= 1 or (allow_zero and value == 0)):
+            raise argparse.ArgumentTypeError(
+                f"expected a number in {'[' if allow_zero else '('}0, 1], got {text!r}")
+        return value
+    return parse
 
 
 def _non_negative_int(text: str) -> int:
@@ -133,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--partition", default="iid", choices=PARTITIONS,
       help="data partition of every run: iid (disjoint shards, as ESync), shared (every worker "
       "draws from the whole set), class, dirichlet (default: iid)")
+    a("--straggle-prob", type=_fraction(allow_zero=True), default=0.0,
+      help="random stragglers in every run: each step each worker sleeps --straggle-delay "
+      "with this probability (default: 0)")
+    a("--straggle-delay", default="4x", help="a straggler's delay: seconds, or a multiple of "
+      "its step such as 4x (default: 4x)")
+    a("--inject", action="store_true", help="data injection (with --partition class or "
+      "dirichlet): foreign-class samples in every batch, SelSync's")
     a("-b", "--batch-size", type=_positive(int), default=64,
       help="mini-batch per worker (default: 64)")
     a("--time-budget", type=_positive(float), default=None,
@@ -141,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="instead of a time budget: epochs of data per run (all workers together)")
     a("--targets", type=_floats(0.0, 1.0, "accuracies"), default=DEFAULT_TARGETS,
       help=f"accuracies for time-to-accuracy (default: {','.join(map(str, DEFAULT_TARGETS))})")
-    a("--speedup-at", type=_fraction, default=0.8,
+    a("--speedup-at", type=_fraction(allow_zero=False), default=0.8,
       help="accuracy at which speedup over sync is shown and plotted (default: 0.8)")
     a("-l", "--lr", type=_positive(float), default=0.05,
       help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
@@ -202,6 +213,8 @@ def base_config(args, log_dir: Path) -> Config:
     time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
     return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
                   partition=args.partition, batch_size=args.batch_size,
+                  straggle_prob=args.straggle_prob, straggle_delay=args.straggle_delay,
+                  inject=args.inject,
                   workers=args.workers, slowdowns=slowdowns,
                   collective=args.collective, seed=args.seed, threads=args.threads,
                   timeout=args.timeout, eval_interval=args.eval_interval,
@@ -377,6 +390,9 @@ def _setup(args, base: Config) -> dict:
                      f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "
                      "runs, range in parentheses; figures from the first seed)"),
             "threads per worker": base.threads,
+            "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
+                                  if base.straggle_prob else "none"),
+            "data injection": "on" if base.inject else "off",
             "mode options": ", ".join(f"{k[len(OPTION_PREFIX):]}={v}"
                                       for k, v in sorted(vars(args).items())
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}
@@ -408,6 +424,15 @@ def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -
         notes.append(f"{label} = {registry.get(label).summary}, run by hetsync's training "
                      "loop (hetsync.algorithms.baselines); traffic: the theoretical ring "
                      "all-reduce volume.")
+    for r in results:
+        if r.summary and r.summary.get("synced_fraction") is not None:
+            notes.append(f"{r.label}: {r.summary['synced_fraction']:.1%} of steps synchronised.")
+        first = r.repeats[0].summary if r.repeats else r.summary
+        stale = [w["mean_staleness"] for w in (first or {}).get("per_worker", [])
+                 if w.get("mean_staleness") is not None]
+        if stale:
+            notes.append(f"{r.label}: mean staleness of each worker's gradients (rounds) "
+                         + " ".join(f"{x:.2f}" for x in stale) + ".")
     notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
     return notes
 

@@ -53,7 +53,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The median over several seeds' runs of each figure of the table."""
     out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries)}
-    for key in ("final_accuracy", "samples", "throughput", "utilisation", "traffic_Bps"):
+    for key in ("final_accuracy", "samples", "throughput", "utilisation", "traffic_Bps",
+                "synced_fraction"):
         out[key] = _median([s.get(key) for s in summaries])
     out["time_to_accuracy"] = {t: _median([s["time_to_accuracy"].get(t) for s in summaries])
                                for t in summaries[0]["time_to_accuracy"]}

@@ -51,7 +51,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
              group: dist.ProcessGroup | None, collective: str = "native",
              timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
-             ps_rank: int | None = None, slowdown: float = 1.0,
+             ps_rank: int | None = None, slowdown: float = 1.0, straggler=None,
              channel_group: dist.ProcessGroup | None = None) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
@@ -64,7 +64,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
     comm = CommContext(rank=rank, workers=workers, group=group, collective=collective,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
-                       timer=StepTimer(slowdown, cpu_device=device.type == "cpu"),
+                       timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
+                                       straggler=straggler),
                        device_name=device_label(device))
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect

@@ -24,12 +24,20 @@ worker's last step fits in the slowest's).
 Uncontended and steady (cpu = wall = work) this is ESync's (F − 1) × work. Contended, a slow
 emulated device keeps its speed, as a real one would (it has its own cores); an F = 1 worker
 never sleeps, so it keeps whatever contention it meets, as a real shared device does.
+
+**Random stragglers** (`RandomStraggler`), as eager-SGD's paper injects imbalance: every step,
+every worker independently sleeps a fixed delay with probability p (the paper: 320 ms on a
+~0.3 s step with p ≈ 2/P; its code draws `rank == randint(P) or rank == randint(P)` from a
+shared seed, which in effect is that). The delay is in seconds, or a multiple of the worker's
+typical step (`4x`). It comes on top of `--slowdowns`, in every mode.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -42,19 +50,56 @@ def emulated_sleep(factor: float, wall: float, work: float) -> float:
     return max(0.0, factor * work - wall)
 
 
+@dataclass(frozen=True)
+class RandomStraggler:
+    """Each step, sleep `delay` with probability `prob` (`relative`: `delay` × the typical
+    step's work). Draws from its own seeded generator, independently on every worker."""
+
+    prob: float
+    delay: float
+    relative: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.prob <= 1:
+            raise ValueError(f"straggler probability must be in [0, 1], got {self.prob}")
+        if not 0 <= self.delay < float("inf"):
+            raise ValueError(f"straggler delay must be >= 0, got {self.delay}")
+
+    def draws(self):
+        """The delay of each step in turn (seconds, or a multiple of the typical work)."""
+        rng = random.Random(self.seed)
+        while True:
+            yield self.delay if rng.random() < self.prob else 0.0
+
+
+def parse_delay(text: str) -> tuple[float, bool]:
+    """`0.32` (seconds) or `4x` (× the typical step): (value, relative)."""
+    relative = text.strip().lower().endswith("x")
+    value = float(text.strip()[:-1] if relative else text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"expected a delay >= 0 in seconds or as Nx, got {text!r}")
+    return value, relative
+
+
 class StepTimer:
     """Times one step on the wall clock and a CPU clock, and emulates its slowdown.
 
-    `begin()` before the step's data; `emulate()` after its local update (and after
-    `cuda.synchronize`): sleeps as `emulated_sleep` says for the typical work, once per step.
+    `begin()` before the step's data; `emulate()` after its backward (and after
+    `cuda.synchronize`): sleeps as `emulated_sleep` says for the typical work, and a random
+    straggler's delay if one is drawn, once per step.
     """
 
     CALIBRATION = 32
 
-    def __init__(self, factor: float = 1.0, cpu_device: bool = True):
+    def __init__(self, factor: float = 1.0, cpu_device: bool = True,
+                 straggler: RandomStraggler | None = None):
         if factor < 1:
             raise ValueError(f"slowdown factor must be >= 1, got {factor}")
         self.factor, self.cpu_device = factor, cpu_device
+        self.straggler = straggler
+        self._delays = straggler.draws() if straggler is not None and straggler.prob > 0 \
+            else None
         self._cpu_clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
         self.started = self._cpu_started = 0.0
         self._slept = False
@@ -67,7 +112,7 @@ class StepTimer:
         return self.started
 
     def emulate(self) -> None:
-        if self._slept or self.factor <= 1:
+        if self._slept or (self.factor <= 1 and self._delays is None):
             return
         self._slept = True
         wall = time.perf_counter() - self.started
@@ -75,4 +120,8 @@ class StepTimer:
         if len(self._work) < self.CALIBRATION:
             self._work.append(wall if cpu is None else min(cpu, wall))
             self._typical = statistics.median(self._work)
-        time.sleep(emulated_sleep(self.factor, wall, self._typical))
+        sleep = emulated_sleep(self.factor, wall, self._typical)
+        if self._delays is not None:
+            delay = next(self._delays)
+            sleep += delay * (self.factor * self._typical if self.straggler.relative else 1.0)
+        time.sleep(sleep)

@@ -275,7 +275,7 @@ class TrainingLoop:
             "comm_s": spent.get("comm", 0.0), "query_s": spent.get("query", 0.0),
             "eval_s": st.eval_total - rnd.eval_total, "bytes_sent": sent - rnd.meter[0],
             "bytes_recv": recv - rnd.meter[1], "loss": rnd.loss_sum / max(rnd.steps, 1),
-            "lr": self.mode.lr, "epoch": epoch})
+            "lr": self.mode.lr, "epoch": epoch, **self.mode.round_record()})
 
 
 def _meter_totals() -> tuple[int, int]:

@@ -111,13 +111,20 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     shards = partition(cfg.effective_partition, data.train.labels.numpy(), cfg.workers,
                        cfg.seed, alpha=cfg.dirichlet_alpha)
     batches = ShardSampler(shards[rank], cfg.batch_size, seed=cfg.seed * 1000 + rank)
+    if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
+        from hetsync.data.injection import InjectingSampler
+
+        batches = InjectingSampler(batches, data.train.labels.numpy(), shards[rank],
+                                   batch_size=cfg.batch_size, workers=cfg.workers,
+                                   alpha=cfg.inject_alpha, beta=cfg.inject_beta,
+                                   seed=cfg.seed * 1000 + rank)
     optimizer = torch.optim.SGD(model.parameters(), momentum=cfg.momentum,
                                 lr=spec.worker.optimizer_lr(cfg.lr, options))
     assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
-                        slowdown=cfg.slowdown_of(rank))
+                        slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank))
     mode = assembly.mode
     store = dist.distributed_c10d._get_default_store() if world > 1 else None
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None

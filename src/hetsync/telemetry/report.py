@@ -35,7 +35,13 @@ def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
           f"{_num(s['traffic_Bps'] and s['traffic_Bps'] / 1e6, '.2f')} MB/s", file=stream)
     print(f"time to accuracy  {tta}", file=stream)
     print(f"final accuracy {_num(s['final_accuracy'], '.4f')} (best "
-          f"{_num(s['best_accuracy'], '.4f')}) after {s['rounds']} rounds", file=stream)
+          f"{_num(s['best_accuracy'], '.4f')}) after {s['rounds']} rounds"
+          + (f" | synchronised steps {s['synced_fraction']:.1%}"
+             if s.get("synced_fraction") is not None else ""), file=stream)
+    stale = [w["mean_staleness"] for w in s["per_worker"] if w.get("mean_staleness") is not None]
+    if stale:
+        print("mean staleness of each worker's gradients (rounds) "
+              + " ".join(f"{x:.2f}" for x in stale), file=stream)
     rows = [[str(w["rank"]), w["device"], f"{w['slowdown']:g}", str(w["rounds"]),
              str(w["local_steps"]), f"{w['samples']:,}", f"{w['compute_s']:.1f}",
              f"{w['wait_s']:.1f}", f"{w['comm_s']:.1f}", f"{w['eval_s']:.1f}",

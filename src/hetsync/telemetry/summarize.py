@@ -63,7 +63,11 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       nor training, so it is taken out of the worker's time;
     - ``throughput`` = samples ÷ wall_s (samples/s);
     - ``isolated_throughput`` = samples ÷ compute_s: the rate the worker, slowdown included,
-      would train at if it never waited or communicated.
+      would train at if it never waited or communicated;
+    - where the mode records them: ``synced_fraction`` = the fraction of rounds with
+      ``synced`` (SelSync: steps that synchronised), ``mean_staleness`` = the mean of
+      ``staleness`` (eager-SGD: rounds between a gradient's model and the round that carried
+      it).
 
     Ratios are ``None`` when their denominator is not positive.
     """
@@ -73,6 +77,11 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     samples = int(sum(int(r["samples"]) for r in records))
     compute_s, eval_s = total("compute_s"), total("eval_s")
     wall = (max(float(r["t_end"]) for r in records) - min(float(r["t_start"]) for r in records)) if records else 0.0
+    optional = {}
+    for key, name in (("synced", "synced_fraction"), ("staleness", "mean_staleness")):
+        values = [float(r[key]) for r in records if r.get(key) is not None]
+        if values:
+            optional[name] = sum(values) / len(values)
     return {
         "rounds": len(records),
         "local_steps": int(sum(int(r["local_steps"]) for r in records)),
@@ -88,6 +97,7 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "computing_time_ratio": _ratio(compute_s, wall - eval_s),
         "throughput": _ratio(samples, wall),
         "isolated_throughput": _ratio(samples, compute_s),
+        **optional,
     }
 
 
@@ -196,6 +206,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
         "best_accuracy": max((float(e["test_acc"]) for e in evals), default=None),
         "final_loss": (float(evals[-1]["test_loss"]) if evals and evals[-1].get("test_loss") is not None else None),
         "missing_workers": sorted(set(declared) - set(log.workers)),
+        "synced_fraction": per_worker[0].get("synced_fraction") if per_worker else None,
         "per_worker": per_worker,
     }
 

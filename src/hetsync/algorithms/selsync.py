@@ -1,0 +1,149 @@
+"""`selsync`: SelSync's selective synchronisation (Tyagi & Swany, "Accelerating Distributed ML
+Training via Selective Synchronization", CLUSTER'23).
+
+Per step, on every worker:
+
+1. forward and backward on the local batch;
+2. n = the windowed EWMA of the sum of per-tensor gradient L2 norms (`windowed_ewma`: the last
+   w values, weights (1 − a)^k with k = 1 for the newest, normalised; w = 25, a = 0.01);
+3. D = |n − prev| / prev, prev ← n; D̄ = the windowed EWMA of D;
+4. vote 1 if the window has not filled yet or D̄ ≥ δ (δ = 0.3) — `significance_vote`, pure;
+5. sum the votes (one tiny all-reduce); if any worker voted, all aggregate: the parameters
+   (default: average them, then apply the local gradient, as the published code does) or the
+   gradients (their mean, then the step); else each applies its local update.
+
+Where hetsync departs from the published code: the empty window does not divide by zero (the
+first window always synchronises, and prev = 0 counts as a change); the vote and the
+aggregation run over hetsync's collectives; `--selsync-aggregate gradients` is the paper's
+gradient mode. Momentum buffers and BatchNorm statistics stay local, as in the paper. SelDP
+(every worker draws from the whole data set in its own seeded order) is `--partition shared`;
+data injection for non-IID partitions is `--inject 1` (`hetsync.data.injection`). The vote
+blocks every step, so SelSync runs at the slowest worker's pace under compute heterogeneity:
+it saves communication, never waiting.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from hetsync.algorithms.base import (Action, Mode, Step, flatten, gradients, unflatten_into)
+from hetsync.algorithms.registry import ModeSpec, register
+
+
+def windowed_ewma(values: Iterable[float], a: float) -> float:
+    """SelSync's E(·): the values (oldest first) weighted (1 − a)^k, k = 1 for the newest,
+    normalised. 0 for no values."""
+    values = list(values)
+    weights = [(1 - a) ** k for k in range(len(values), 0, -1)]
+    total = sum(weights)
+    return sum(w * v for w, v in zip(weights, values)) / total if total else 0.0
+
+
+def significance_vote(mean_change: float, steps: int, window: int, delta: float) -> bool:
+    """Vote to synchronise: while the first window fills, or when the smoothed relative change
+    of the gradient norm reaches δ."""
+    return steps < window or mean_change >= delta
+
+
+@dataclass
+class SelSyncOptions:
+    """SelSync's threshold, window and smoothing, and what it aggregates."""
+
+    delta: float = field(default=0.3, metadata={
+        "flags": ("--selsync-delta",), "help": "SelSync: synchronise when the smoothed "
+                                               "relative change of the gradient norm is >= this"})
+    window: int = field(default=25, metadata={
+        "flags": ("--selsync-window",), "help": "SelSync: EWMA window w (steps)"})
+    alpha: float = field(default=0.01, metadata={
+        "flags": ("--selsync-alpha",), "help": "SelSync: EWMA smoothing a"})
+    aggregate: str = field(default="parameters", metadata={
+        "flags": ("--selsync-aggregate",), "help": "SelSync: what a synchronised step "
+                                                   "averages: parameters or gradients"})
+
+    def validate(self) -> "SelSyncOptions":
+        from hetsync.config import invalid_option
+
+        if not 0 <= self.delta < float("inf"):
+            raise invalid_option(self, "delta", "a number >= 0")
+        if self.window < 1:
+            raise invalid_option(self, "window", "an integer >= 1")
+        if not 0 <= self.alpha < 1:
+            raise invalid_option(self, "alpha", "a number in [0, 1)")
+        if self.aggregate not in ("parameters", "gradients"):
+            raise invalid_option(self, "aggregate", "parameters or gradients")
+        return self
+
+
+class SelSync(Mode):
+    name = "selsync"
+    Options = SelSyncOptions
+
+    def __init__(self, model, optimizer, comm, options: SelSyncOptions | None = None):
+        super().__init__(model, optimizer, comm, options)
+        self.options.validate()
+        w = self.options.window
+        self.steps = 0
+        self.prev = 1.0
+        self._norms: deque[float] = deque(maxlen=w)
+        self._changes: deque[float] = deque(maxlen=w)
+        self.synced = False   # whether the last step synchronised
+        self.synced_steps = 0
+
+    def setup(self) -> None:
+        self.broadcast_model()
+
+    def decide(self, step: Step) -> Action:
+        """Update the significance statistics from this step's gradient (no I/O)."""
+        norm = sum(float(g.norm()) for g in gradients(self.parameters()))
+        self._norms.append(norm)
+        n = windowed_ewma(self._norms, self.options.alpha)
+        change = abs(n - self.prev) / self.prev if self.prev > 0 else float("inf")
+        self.prev = n
+        self._changes.append(change)
+        self._vote = significance_vote(windowed_ewma(self._changes, self.options.alpha),
+                                       self.steps, self.options.window, self.options.delta)
+        return Action.VOTE
+
+    def apply(self, action: Action) -> None:
+        votes = self.comm.barrier(torch.tensor([float(self._vote)]), phase="comm")
+        self.synced = bool(votes[0] > 0)
+        if self.synced and self.options.aggregate == "gradients":
+            params = self.parameters()
+            mean = self.comm.all_reduce(flatten(gradients(params))) / self.comm.workers
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            unflatten_into(mean, [p.grad for p in params])
+        elif self.synced:  # average the parameters, then the local step (as the code does)
+            mean = self.comm.all_reduce(flatten(self.parameters())) / self.comm.workers
+            unflatten_into(mean, self.parameters())
+        self.optimizer.step()
+        self.steps += 1
+        self.synced_steps += self.synced
+        self.round += 1
+
+    def round_record(self) -> dict[str, Any]:
+        return {"synced": int(self.synced)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "steps": self.steps, "prev": self.prev,
+                "norms": list(self._norms), "changes": list(self._changes),
+                "synced_steps": self.synced_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.steps, self.prev = int(state["steps"]), float(state["prev"])
+        self.synced_steps = int(state["synced_steps"])
+        w = self.options.window
+        self._norms = deque((float(x) for x in state["norms"]), maxlen=w)
+        self._changes = deque((float(x) for x in state["changes"]), maxlen=w)
+
+
+register(ModeSpec("selsync", SelSync, "every step a significance vote (relative change of the "
+                  "gradient norm >= delta); if any votes, all average parameters (or "
+                  "gradients), else local updates", options=SelSyncOptions,
+                  lr_note="local rate"))
