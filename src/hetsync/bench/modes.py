@@ -40,6 +40,7 @@ from hetsync.bench import results as res
 from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
+from hetsync.telemetry.summarize import SPEEDUP_BASELINE
 from hetsync.config import (DATASETS, OPTION_PREFIX, PARTITIONS, Config, ConfigError,
                             add_option_arguments, given_options)
 
@@ -368,7 +369,7 @@ def bench(args, argv: list[str], stream=None) -> int:
                             notes=notes, figures=figures)
     js = res.write_json(results_dir / f"bench-{name}.json", {
         "name": name, "command": command, "machine": machine, "setup": setup,
-        "targets": targets, "speedup_at": speedup_at, "speedup_baseline": "sync",
+        "targets": targets, "speedup_at": speedup_at, "speedup_baseline": SPEEDUP_BASELINE,
         "runs": [res.result_doc(r) for r in results], "notes": notes,
         "figures": [str(p) for p in figures]})
     print("\n" + res.text_table(headers, cells), file=stream)
