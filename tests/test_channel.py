@@ -77,7 +77,17 @@ def test_a_future_past_its_deadline_raises_instead_of_waiting():
     channel = Channel(None, timeout=0.2)
     started = time.monotonic()
     slow = channel.submit(lambda g: time.sleep(1.0), "slow job")
-    with pytest.raises(CommTimeoutError, match="slow job: not done within"):
+    with pytest.raises(CommTimeoutError, match="slow job: not done in time"):
         slow.result()
     assert time.monotonic() - started < 0.9
+    channel.close(wait=False)
+
+
+def test_a_long_running_job_has_no_deadline_but_its_caller_bounds_the_wait():
+    channel = Channel(None, timeout=0.2)
+    job = channel.submit(lambda g: time.sleep(0.5) or "done", "engine", long_running=True)
+    assert job.result(within=5.0) == "done"  # longer than the channel's timeout: still fine
+    stuck = channel.submit(lambda g: time.sleep(1.0), "stuck", long_running=True)
+    with pytest.raises(CommTimeoutError, match="stuck: not done in time"):
+        stuck.result(within=0.1)
     channel.close(wait=False)

@@ -36,6 +36,10 @@ def test_a_modes_options_come_from_its_own_flags():
                                             "native with -m ddp"),
     (["-m", "local"], "--workers: invalid value 4; expected at most 1 with -m local"),
     (["--plugin", "no_such_module_here"], "--plugin: plugin module 'no_such_module_here'"),
+    (["-m", "ddp", "--workers", "1", "--slowdowns", "1"], "--workers: invalid value 1; "
+                                                          "expected at least 2 with -m ddp"),
+    (["--timeout", "inf"], "--timeout: invalid value inf; expected a finite number"),
+    (["--eval-interval", "nan"], "--eval-interval: invalid value nan; expected a finite"),
     (["--straggle-prob", "1.5"], "--straggle-prob: invalid value 1.5; expected a probability"),
     (["--inject", "1"], "--inject: invalid value True; expected 0 unless --partition is class"),
     (["-m", "selsync", "--selsync-aggregate", "models"], "--selsync-aggregate: invalid value "
@@ -75,3 +79,15 @@ def test_the_flag_table_lists_common_and_mode_options():
     assert rows["--learning-rate"][0] == "-l" and rows["--local-lr"][0] == "-ll"
     assert rows["--dcasgd-lambda"][1].startswith("[async, dcasgd]")
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+def test_wrap_refuses_pytorchs_own_schemes_clearly():
+    import torch
+
+    import hetsync
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="'ddp' is PyTorch's own scheme"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="ddp")
+    with pytest.raises(ValueError, match="'period' is not an option of mode sync"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync", period=3)

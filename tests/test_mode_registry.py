@@ -63,6 +63,16 @@ def test_the_toy_mode_is_registered_with_its_option_flag():
                          Config(mode="sync"))
 
 
+def test_a_mode_option_may_not_take_a_flag_every_run_has():
+    @dataclass
+    class Clashing:
+        seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "mine"})
+
+    with pytest.raises(ValueError, match="option flag --seed is one of every run's"):
+        register(ModeSpec("clashing", PeriodicAveraging, "clashes", options=Clashing))
+    assert "clashing" not in registry.names()
+
+
 @pytest.mark.slow
 def test_the_toy_mode_runs_through_launch(tmp_path, monkeypatch):
     tests = str(Path(__file__).parent)

@@ -130,13 +130,10 @@ class Config:
     def mode_options(self):
         """The mode's options dataclass: its defaults with `options` laid over them.
         ConfigError naming the flag of an option the mode does not have."""
-        spec = self.spec
-        known = {f.name: f for f in spec.option_fields()}
-        for name in self.options:
-            if name not in known:
-                raise ConfigError(f"options: {name!r} is not an option of -m {self.mode}; "
-                                  f"its options: {', '.join(known) or 'none'}")
-        return spec.make_options(self.options)
+        try:
+            return self.spec.make_options(self.options)
+        except ValueError as err:
+            raise ConfigError(f"options: {err}") from None
 
     @property
     def effective_partition(self) -> str:
@@ -198,16 +195,18 @@ class Config:
             raise bad("lr", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "a number in [0, 1)")
-        if self.dirichlet_alpha <= 0:
-            raise bad("dirichlet_alpha", "a number > 0")
+        if not 0 < self.dirichlet_alpha < math.inf:
+            raise bad("dirichlet_alpha", "a finite number > 0")
         if self.eval_every < 0:
             raise bad("eval_every", "an integer >= 0 (0: use --eval-interval)")
-        if self.eval_interval <= 0:
-            raise bad("eval_interval", "a number of seconds > 0")
+        if not 0 < self.eval_interval < math.inf:
+            raise bad("eval_interval", "a finite number of seconds > 0")
         if self.workers < 1:
             raise bad("workers", "an integer >= 1")
         if spec.max_workers is not None and self.workers > spec.max_workers:
             raise bad("workers", f"at most {spec.max_workers} with -m {self.mode}")
+        if self.workers < spec.min_workers:
+            raise bad("workers", f"at least {spec.min_workers} with -m {self.mode}")
         if not spec.collective and self.collective != "native":
             raise bad("collective", f"native with -m {self.mode} (it aggregates with its "
                                     "own transport)")
@@ -238,8 +237,8 @@ class Config:
             raise bad("epochs", "a number > 0")
         if self.threads < 1:
             raise bad("threads", "an integer >= 1")
-        if self.timeout <= 0:
-            raise bad("timeout", "a number of seconds > 0")
+        if not 0 < self.timeout < math.inf:
+            raise bad("timeout", "a finite number of seconds > 0")
         if not 0 < self.state_port < 65536:
             raise bad("state_port", "a TCP port in 1..65535")
         if self.gpu < -1:
@@ -376,7 +375,7 @@ def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
     seen: dict[tuple[str, str], list] = {}
     for spec in registry.specs():
         for f in spec.option_fields():
-            key = (spec.options.__qualname__, f.name)
+            key = (registry.qualname(spec.options), f.name)
             if key in seen:
                 seen[key][2].append(spec.name)
             else:

@@ -42,11 +42,9 @@ class DistributedOptimizer:
             raise ValueError(f"unknown collective {collective!r}; expected one of "
                              f"{', '.join(COLLECTIVES)}")
         spec = registry.get(mode)
-        known = {f.name for f in spec.option_fields()}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(f"mode {mode!r} has no option {', '.join(unknown)}; its options: "
-                             f"{', '.join(sorted(known)) or 'none'}")
+        if spec.baseline:
+            raise ValueError(f"mode {mode!r} is PyTorch's own scheme, run by hetsync only as a "
+                             f"baseline: use it directly in your loop")
         opts = spec.make_options(options)
         if opts is not None and hasattr(opts, "validate"):
             opts.validate()
@@ -119,8 +117,9 @@ def _workers_group(group, ps_rank: int | None):
     if not dist.is_initialized():
         return None, 0, 1
     if group is None and ps_rank is not None:
-        ranks = [r for r in range(dist.get_world_size()) if r != ps_rank]
-        group = dist.new_group(ranks, use_local_synchronization=True)
+        from hetsync.comm.channel import local_group
+
+        group = local_group([r for r in range(dist.get_world_size()) if r != ps_rank])
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 

@@ -117,6 +117,13 @@ class CommContext:
     comm_device: torch.device | None = None  # where buffers live while on the wire
     timer: object | None = None     # hetsync.runtime.heterogeneity.StepTimer
     device_name: str = "cpu"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the model's
+
+    @property
+    def wire_device(self) -> torch.device:
+        """Where a small control tensor travels: CPU under gloo, the model's device under
+        NCCL."""
+        return self.comm_device or self.device
 
     def all_reduce(self, buffer: torch.Tensor) -> torch.Tensor:
         """Sum `buffer` over the workers with the chosen collective; time it as `comm`."""
@@ -134,7 +141,7 @@ class CommContext:
             return flag
         from hetsync.comm import all_reduce
 
-        on_wire = flag.to(self.comm_device or "cpu")
+        on_wire = flag.to(self.wire_device)
         with self.clock.phase(phase):
             all_reduce(on_wire, algorithm="butterfly", group=self.group, timeout=self.timeout)
         return on_wire.cpu()
@@ -283,6 +290,17 @@ def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 
 def gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def set_gradients(flat: torch.Tensor, params: list[torch.Tensor],
+                  also: list[torch.Tensor] = ()) -> None:
+    """Write `flat` into the parameters' gradients (made where missing), then into `also`
+    (e.g. BatchNorm statistics)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    unflatten_into(flat.to(params[0].device) if params else flat,
+                   [p.grad for p in params] + list(also))
 
 
 def pack(parts: list[torch.Tensor]) -> torch.Tensor:

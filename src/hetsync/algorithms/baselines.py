@@ -213,9 +213,9 @@ class PostLocalSGD(DistributedDataParallelSGD):
 
 
 register(ModeSpec("ddp", DistributedDataParallelSGD, "PyTorch's DistributedDataParallel "
-                  "(gradient all-reduce in backward)", collective=False, baseline=True,
+                  "(gradient all-reduce in backward)", collective=False, baseline=True, min_workers=2,
                   lr_scaling="workers", lr_note="x workers"))
 register(ModeSpec("post-local-sgd", PostLocalSGD, "PyTorch's post-local SGD: local steps, "
                   "parameters averaged every K steps (PostLocalSGDOptimizer)",
-                  options=PostLocalOptions, collective=False, baseline=True,
+                  options=PostLocalOptions, collective=False, baseline=True, min_workers=2,
                   lr_note="local rate"))

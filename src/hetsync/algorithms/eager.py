@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
-                                     unflatten_into)
+                                     set_gradients)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -73,18 +73,24 @@ class EagerSGD(Mode):
         self._engine_job = None
         self._last = {"staleness": 0, "rounds_applied": 0}
 
+    @property
+    def sync_every(self) -> int:
+        """K: every (K+1)-th round is synchronous (the option, else the mode's default)."""
+        k = self.options.sync_every
+        return self.default_sync_every if k is None else k
+
     def setup(self) -> None:
         from hetsync.comm.partial import PartialAllReduce
 
         self.broadcast_model()
-        k = self.options.sync_every
         self.engine = PartialAllReduce(
             sum(p.numel() for p in self.parameters()), initiator=self.initiator,
-            sync_every=self.default_sync_every if k is None else k,
-            divide=self.options.divide, seed=6545343, collective=self.comm.collective,
-            timeout=self.comm.timeout)
+            sync_every=self.sync_every, divide=self.options.divide, seed=6545343,
+            collective=self.comm.collective, timeout=self.comm.timeout,
+            device=self.comm.wire_device)
         if self.comm.channel is not None:
-            self._engine_job = self.comm.channel.submit(self.engine.run, "eager-SGD rounds")
+            self._engine_job = self.comm.channel.submit(self.engine.run, "eager-SGD rounds",
+                                                        long_running=True)
 
     def decide(self, step: Step) -> Action:
         return Action.CONTRIBUTE
@@ -95,7 +101,7 @@ class EagerSGD(Mode):
             self.applied += 1
             self.round += 1
             return
-        grad = flatten(gradients(self.parameters())).cpu()
+        grad = flatten(gradients(self.parameters()))
         ticket = self.engine.post(grad, self.applied)
         with self.comm.clock.phase("wait"):
             self.engine.wait_for(ticket)
@@ -109,10 +115,7 @@ class EagerSGD(Mode):
         params = self.parameters()
         results = self.engine.take_results()
         for _, mean in results:
-            for p in params:
-                if p.grad is None:
-                    p.grad = p.detach().new_zeros(p.shape)
-            unflatten_into(mean.to(params[0].device), [p.grad for p in params])
+            set_gradients(mean, params)
             self.optimizer.step()
         self.applied += len(results)
         return len(results)
@@ -121,8 +124,8 @@ class EagerSGD(Mode):
         """Run the final round with every worker, apply what is left, stop the engine."""
         if self._engine_job is not None:
             self.engine.finish()
-            with self.comm.clock.phase("wait"):
-                self._engine_job.result()
+            with self.comm.clock.phase("wait"):  # two rounds at most: the stop's, the final
+                self._engine_job.result(within=2 * self.comm.timeout)
             self._apply_rounds()
         super().finish()
 
@@ -130,9 +133,7 @@ class EagerSGD(Mode):
         return dict(self._last)
 
     def describe(self) -> dict[str, Any]:
-        k = self.options.sync_every
-        return {"initiator": self.initiator,
-                "sync_every": self.default_sync_every if k is None else k}
+        return {"initiator": self.initiator, "sync_every": self.sync_every}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "rounds_applied": self.applied}

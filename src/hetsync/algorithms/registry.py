@@ -54,6 +54,7 @@ class ModeSpec:
             averaged gradient of P batches per step) or ``"base"``.
         lr_note: how the rate is used, for the bench's table (e.g. "local rate, global 1").
         max_workers: the most workers the mode runs on (sequential SGD: 1).
+        min_workers: the fewest (PyTorch's DDP needs a process group: 2).
         baseline: a scheme of PyTorch's own, run by the bench beside hetsync's.
         resolve: ``options -> name`` of the mode the run really is, for a mode whose options
             select another (ESync's ``-m async -dcasgd 1`` is ``dcasgd``).
@@ -70,6 +71,7 @@ class ModeSpec:
     lr_scaling: str = "base"
     lr_note: str = "base"
     max_workers: int | None = None
+    min_workers: int = 1
     baseline: bool = False
     resolve: Callable[[Any], str] | None = None
 
@@ -82,10 +84,14 @@ class ModeSpec:
                              f"{self.options!r}")
 
     def make_options(self, values: dict[str, Any] | None = None):
-        """The typed options from ``values`` (field name -> value); defaults for the rest."""
-        if self.options is None:
-            return None
-        return self.options(**(values or {}))
+        """The typed options from ``values`` (field name -> value); defaults for the rest.
+        ValueError naming a value that is not one of the mode's options."""
+        known = [f.name for f in self.option_fields()]
+        unknown = sorted(set(values or {}) - set(known))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} is not an option of mode "
+                             f"{self.name}; its options: {', '.join(known) or 'none'}")
+        return None if self.options is None else self.options(**(values or {}))
 
     def option_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.options) if self.options is not None else ()
@@ -106,23 +112,29 @@ def register(spec: ModeSpec) -> ModeSpec:
     """Add ``spec``; ValueError if its name is taken or one of its option flags is claimed by
     another options class."""
     old = _REGISTRY.get(spec.name)
-    if old is not None and _qualname(old.worker) != _qualname(spec.worker):
+    if old is not None and qualname(old.worker) != qualname(spec.worker):
         raise ValueError(f"mode {spec.name!r} is already registered "
                          f"(by {_REGISTRY[spec.name].worker.__module__})")
+    from hetsync.config import Config
+
     claimed = {flag: s for s in _REGISTRY.values() if s.name != spec.name
                for f in s.option_fields()
                for flag in f.metadata["flags"]}
+    common = {flag for f in dataclasses.fields(Config) for flag in f.metadata["flags"]}
     for f in spec.option_fields():
         for flag in f.metadata["flags"]:
+            if flag in common:
+                raise ValueError(f"mode {spec.name!r}: option flag {flag} is one of every "
+                                 f"run's (hetsync.config.Config)")
             other = claimed.get(flag)
-            if other is not None and _qualname(other.options) != _qualname(spec.options):
+            if other is not None and qualname(other.options) != qualname(spec.options):
                 raise ValueError(f"mode {spec.name!r}: option flag {flag} is already an option "
                                  f"of mode {other.name!r}")
     _REGISTRY[spec.name] = spec
     return spec
 
 
-def _qualname(cls: type) -> str:
+def qualname(cls: type) -> str:
     """A class's identity that survives its module being imported again."""
     return f"{cls.__module__}.{cls.__qualname__}"
 

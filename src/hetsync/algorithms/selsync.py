@@ -30,7 +30,8 @@ from typing import Any, Iterable
 
 import torch
 
-from hetsync.algorithms.base import (Action, Mode, Step, flatten, gradients, unflatten_into)
+from hetsync.algorithms.base import (Action, Mode, Step, flatten, gradients, set_gradients,
+                                     unflatten_into)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -113,11 +114,8 @@ class SelSync(Mode):
         self.synced = bool(votes[0] > 0)
         if self.synced and self.options.aggregate == "gradients":
             params = self.parameters()
-            mean = self.comm.all_reduce(flatten(gradients(params))) / self.comm.workers
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            unflatten_into(mean, [p.grad for p in params])
+            set_gradients(self.comm.all_reduce(flatten(gradients(params))) / self.comm.workers,
+                          params)
         elif self.synced:  # average the parameters, then the local step (as the code does)
             mean = self.comm.all_reduce(flatten(self.parameters())) / self.comm.workers
             unflatten_into(mean, self.parameters())

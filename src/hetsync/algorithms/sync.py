@@ -15,10 +15,8 @@ workers' models stay identical.
 
 from __future__ import annotations
 
-import torch
-
 from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, gradients, pack,
-                                     unflatten_into)
+                                     set_gradients)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -35,10 +33,7 @@ class SynchronousSGD(Mode):
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
         mean = self.comm.all_reduce(pack(grads + stats)) / self.comm.workers
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        unflatten_into(mean, [p.grad for p in params] + stats)
+        set_gradients(mean, params, stats)
         self.optimizer.step()
         self.round += 1
 

@@ -41,7 +41,8 @@ from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.config import (DATASETS, OPTION_PREFIX, PARTITIONS, Config, ConfigError,
+from hetsync.config import (COLLECTIVES, DATASETS, OPTION_PREFIX, PARTITIONS, Config,
+                            ConfigError,
                             add_option_arguments, given_options)
 
 DEFAULT_MODES = ("local", "sync", "esync", "async", "dcasgd")
@@ -161,8 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="rates to try per mode for --sweep-budget s each; the best is used")
     a("--sweep-budget", type=_positive(float), default=20.0,
       help="seconds of training time per sweep run (default: 20)")
-    a("--collective", default="native",
-      choices=("native", "ring", "butterfly", "binary-blocks", "ps"),
+    a("--collective", default="native", choices=COLLECTIVES,
       help="aggregation of sync and esync (default: native)")
     a("--eval-interval", type=_positive(float), default=2.0,
       help="evaluate every S seconds of training time (default: 2)")

@@ -35,6 +35,18 @@ from .errors import CommError, CommTimeoutError
 from .timeouts import resolve_timeout
 
 _STOP = object()
+_LOCAL_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def local_group(ranks: list[int]) -> dist.ProcessGroup:
+    """A group of `ranks` made by them alone (``use_local_synchronization``), once per process
+    and rank list: torch names such a group by its rank list, so making it twice fails. One
+    user of it at a time (e.g. one wrapped optimizer at a time)."""
+    key = tuple(ranks)
+    if key not in _LOCAL_GROUPS:
+        _LOCAL_GROUPS[key] = dist.new_group(list(ranks), use_local_synchronization=True,
+                                            sort_ranks=False)
+    return _LOCAL_GROUPS[key]
 
 
 class ChannelFuture:
@@ -47,14 +59,17 @@ class ChannelFuture:
     def done(self) -> bool:
         return self._future.done()
 
-    def result(self) -> Any:
-        """The job's value; its exception if it failed; CommTimeoutError past the deadline."""
+    def result(self, within: float | None = None) -> Any:
+        """The job's value; its exception if it failed; CommTimeoutError past the deadline
+        (or `within` seconds from now, whichever comes first)."""
         left = self.deadline - time.monotonic()
+        if within is not None:
+            left = min(left, within)
         try:
             return self._future.result(timeout=max(left, 0.0))
         except TimeoutError:
             raise CommTimeoutError(
-                f"{self.what}: not done within its deadline ({self.timeout:g} s per job on the "
+                f"{self.what}: not done in time ({self.timeout:g} s per job on the "
                 f"background channel; a peer dead or silent?)", op=self.what,
                 seconds=self.timeout) from None
 
@@ -89,19 +104,22 @@ class Channel:
         that it never takes the name, and the store keys, of a group of the same ranks made
         the same way in ascending order (the workers' own group in ``hetsync.wrap``).
         """
-        group = dist.new_group(sorted(ranks, reverse=True), use_local_synchronization=True,
-                               sort_ranks=False) \
+        group = local_group(sorted(ranks, reverse=True)) \
             if dist.is_initialized() and len(ranks) > 1 else None
         return cls(group, timeout=timeout)
 
-    def submit(self, fn: Callable[[dist.ProcessGroup | None], Any], what: str) -> ChannelFuture:
-        """Run ``fn(group)`` on the channel's thread after the jobs already submitted."""
+    def submit(self, fn: Callable[[dist.ProcessGroup | None], Any], what: str, *,
+               long_running: bool = False) -> ChannelFuture:
+        """Run ``fn(group)`` on the channel's thread after the jobs already submitted.
+        A `long_running` job (one that lasts the whole run, bounding its own waits) has no
+        deadline: its caller waits with ``result(within=...)``."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{what}: the channel is closed")
             self._queued += 1
             ahead = self._queued
-        job = ChannelFuture(what, time.monotonic() + ahead * self.timeout, self.timeout)
+        deadline = float("inf") if long_running else time.monotonic() + ahead * self.timeout
+        job = ChannelFuture(what, deadline, self.timeout)
         self._jobs.put((fn, job))
         return job
 

@@ -61,12 +61,17 @@ class PartialAllReduce:
         collective: the all-reduce algorithm of :func:`hetsync.comm.all_reduce`.
         timeout: seconds any wait may take.
         store: the key-value store activations go through (default: the default process
-            group's); `prefix` keeps this engine's keys apart from any other's.
+            group's); its keys are `prefix`/ENGINE/ROUND, ENGINE counting the engines this
+            process made (every rank makes the same engines in the same order).
+        device: where the buffers travel (the model's device under NCCL).
     """
+
+    _made = 0  # engines made in this process
 
     def __init__(self, numel: int, *, initiator: str = "solo", sync_every: int = 32,
                  divide: str = "workers", seed: int = 0, collective: str = "native",
-                 timeout: float = 120.0, store=None, prefix: str = "hetsync/eager"):
+                 timeout: float = 120.0, store=None, prefix: str = "hetsync/eager",
+                 device: torch.device | str = "cpu"):
         if initiator not in INITIATORS:
             raise ValueError(f"initiator must be one of {', '.join(INITIATORS)}, got "
                              f"{initiator!r}")
@@ -87,7 +92,9 @@ class PartialAllReduce:
         self._results: deque[tuple[int, torch.Tensor]] = deque()
         self._next = 0               # the round the next contribution goes to
         self.rank, self.size = 0, 1  # in the engine's group (set by `run`)
-        self._store, self._prefix = store, prefix
+        PartialAllReduce._made += 1
+        self._store, self._prefix = store, f"{prefix}/{PartialAllReduce._made}"
+        self.device = torch.device(device)
         self._waits = None           # the engine thread's own clone of the store
         self.rounds = 0              # rounds completed
         self.staleness: list[int] = []  # of this rank's fresh contributions, in order
@@ -99,7 +106,7 @@ class PartialAllReduce:
         with self._cond:
             if self._done:
                 raise RuntimeError("eager-SGD: a gradient was posted after the final round")
-            flat = grad.detach().reshape(-1).to(torch.float32)
+            flat = grad.detach().reshape(-1).to(self.device, torch.float32)
             if self._pending is None:
                 self._pending, self._pending_version = flat.clone(), version
             else:
@@ -230,7 +237,7 @@ class PartialAllReduce:
 
     def _contribution(self, r: int) -> tuple[torch.Tensor, int]:
         """[carry-over or zeros, fresh, stopping] and the last ticket it carries."""
-        buf = torch.zeros(self.numel + 2)
+        buf = torch.zeros(self.numel + 2, device=self.device)
         with self._cond:
             self._next = r + 1
             if self._pending is not None:

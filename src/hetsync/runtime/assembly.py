@@ -35,10 +35,11 @@ class Assembly:
     mode: Mode
     comm: CommContext
 
-    def close(self) -> None:
-        """Stop the background channel and close the state-server connection."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the background channel (`wait`: for its jobs; not after a failure, when its
+        daemon thread dies with the process) and close the state-server connection."""
         if self.comm.channel is not None:
-            self.comm.channel.close()
+            self.comm.channel.close(wait=wait)
         if self.comm.state_client is not None:
             self.comm.state_client.close()
 
@@ -66,7 +67,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
                        timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
                                        straggler=straggler),
-                       device_name=device_label(device))
+                       device_name=device_label(device), device=device)
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect
 

@@ -151,10 +151,14 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                     **info, end_time=start_time + wall, wall_s=wall,
                     train_time=state.train_time(time.perf_counter()),
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0))
+    except BaseException:
+        assembly.close(wait=False)  # a failed worker exits at once, not after its peers
+        raise
+    else:
+        assembly.close()
     finally:
         if eval_recorder is not None:
             eval_recorder.close()
-        assembly.close()
     return run_dir
 
 
