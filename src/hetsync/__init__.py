@@ -8,7 +8,9 @@ __version__ = "0.1.0"
 
 
 def wrap(optimizer, model, mode: str = "esync", **kwargs):
-    """Wrap `optimizer` so that `step()` runs `mode`; see `hetsync.wrap.DistributedOptimizer`."""
-    from hetsync.wrap import wrap as _wrap
+    """Wrap `optimizer` so that `step()` runs `mode`; see
+    `hetsync.distributed_optimizer.DistributedOptimizer`. (The module is not called `wrap`:
+    importing it would rebind this name to the module.)"""
+    from hetsync.distributed_optimizer import wrap as _wrap
 
     return _wrap(optimizer, model, mode, **kwargs)
