@@ -8,7 +8,8 @@ too. Per step, on top of its own batch of b samples:
 2. add ⌊β·b·P/C⌋ samples of each, drawn at random from the worker's own copy of the training
    set (every hetsync process holds the whole set: nothing crosses the network).
 
-Defaults α = β = 0.25, as the paper's scripts. The published code cannot run this path: it
+Defaults α = β = 0.25, as the paper's scripts. The injected samples are trained on, so they
+count in the samples a worker trained (throughput, `--epochs`). The published code cannot run this path: it
 looks up label −1 (initialised once, never redrawn) and slices with a float; with CIFAR-100,
 b = 32 and P = 10 its formula gives 0 samples. hetsync implements the intent: fresh foreign
 classes every step, integer counts, and at least one sample of each class drawn.
