@@ -196,14 +196,15 @@ class TrainingLoop:
 
     def _after_apply(self, st: LoopState, rnd: _Round,
                      agreement: Agreement | None) -> Agreement | None:
-        """After the round's communication: the proposal that travels after it."""
-        if self.path in (ControlPath.BLOCKING, ControlPath.BACKGROUND):
-            if self.path is ControlPath.BACKGROUND:
-                proposal = self._propose(st, rnd.samples, time.perf_counter())
-                self._in_flight = self.mode.comm.start_all_reduce(
-                    proposal.as_tensor(), f"agreement of round {self.mode.round - 1}")
+        """After the round's communication: the proposal that travels after it (the blocking
+        agreement was made before; the background one is acted on when it comes in)."""
+        if self.path is ControlPath.BLOCKING:
             return agreement
         proposal = self._propose(st, rnd.samples, time.perf_counter())
+        if self.path is ControlPath.BACKGROUND:
+            self._in_flight = self.mode.comm.start_all_reduce(
+                proposal.as_tensor(), f"agreement of round {self.mode.round - 1}")
+            return None
         with self.mode.comm.clock.phase("wait"):
             return self.control.exchange(proposal)
 
