@@ -193,6 +193,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
+    if on_main_thread:  # Ctrl-C stops the run even if our parent left SIGINT ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if cfg.spec.state_server:
             cluster.start_state_server()
