@@ -136,3 +136,29 @@ def test_with_a_huge_delta_only_the_first_window_synchronises():
     for synced, record in run_ranks(_huge_delta, 2):
         assert synced == [True] * 5 + [False] * 15
         assert record == {"synced": 0}
+
+
+def _evaluated_model(rank, world):
+    torch.manual_seed(0)
+    model = linear_net()
+    algo, opt = _selsync(model, rank, world, window=1, delta=1e9)
+    for k in range(3):  # local steps on different batches: the models drift apart
+        _step(algo, opt, model, rank, k)
+    local = flatten(list(model.parameters())).clone()
+    mean = local.clone()
+    torch.distributed.all_reduce(mean)
+    with algo.global_model():
+        inside = flatten(list(model.parameters())).clone()
+    after = flatten(list(model.parameters())).clone()
+    algo.finish()
+    return local, mean / world, inside, after, flatten(list(model.parameters()))
+
+
+@pytest.mark.slow
+def test_evaluation_sees_the_workers_average_and_the_run_ends_with_it():
+    results = run_ranks(_evaluated_model, 2)
+    assert not torch.equal(results[0][0], results[1][0])  # the local models differ
+    for local, mean, inside, after, final in results:
+        torch.testing.assert_close(inside, mean)
+        assert torch.equal(after, local)  # training goes on from the local model
+        torch.testing.assert_close(final, mean)

@@ -181,6 +181,9 @@ class Mode:
     control: ControlPath = ControlPath.BLOCKING
     #: a round ends with an aggregation pass that ESync's own logs count as one more iteration
     aggregation_pass: ClassVar[bool] = False
+    #: `global_model()` is a collective (the workers hold different models): every worker
+    #: enters it at an evaluation
+    collective_global_model: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  comm: CommContext, options: Any = None):
@@ -223,7 +226,8 @@ class Mode:
 
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless
-        the mode keeps local progress apart from them)."""
+        the mode keeps local progress apart from them). Where `collective_global_model` is
+        set, making them is a collective: every worker enters the context."""
         return nullcontext()
 
     def describe(self) -> dict[str, Any]:

@@ -17,7 +17,10 @@ first window always synchronises, and prev = 0 counts as a change); the vote and
 aggregation run over hetsync's collectives; `--selsync-aggregate gradients` is the paper's
 gradient mode. Momentum buffers and BatchNorm statistics stay local, as in the paper. SelDP
 (every worker draws from the whole data set in its own seeded order) is `--partition shared`;
-data injection for non-IID partitions is `--inject 1` (`hetsync.data.injection`). The vote
+data injection for non-IID partitions is `--inject 1` (`hetsync.data.injection`). The workers
+hold different models between synchronisations: an evaluation sees their average (one
+all-reduce, counted as evaluation; the local models are put back after it), and the run ends
+with that average as its model, where the published code would keep each worker's own. The vote
 blocks every step, so SelSync runs at the slowest worker's pace under compute heterogeneity:
 it saves communication, never waiting.
 """
@@ -25,13 +28,14 @@ it saves communication, never waiting.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
-from hetsync.algorithms.base import (Action, Mode, Step, flatten, gradients, set_gradients,
-                                     unflatten_into)
+from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, flatten, gradients,
+                                     set_gradients, unflatten_into)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -82,6 +86,7 @@ class SelSyncOptions:
 class SelSync(Mode):
     name = "selsync"
     Options = SelSyncOptions
+    collective_global_model = True
 
     def __init__(self, model, optimizer, comm, options: SelSyncOptions | None = None):
         super().__init__(model, optimizer, comm, options)
@@ -123,6 +128,26 @@ class SelSync(Mode):
         self.steps += 1
         self.synced_steps += self.synced
         self.round += 1
+
+    @contextmanager
+    def global_model(self) -> Iterator[None]:
+        """Hold the workers' average (parameters and BatchNorm statistics) meanwhile: one
+        all-reduce, which every worker enters."""
+        parts = self.parameters() + bn_statistics(self.model)
+        local = flatten(parts)
+        if self.comm.workers > 1:  # untimed here: the loop counts it as evaluation
+            summed = self.comm.reduce(flatten(parts), self.comm.group)
+            unflatten_into(summed / self.comm.workers, parts)
+        try:
+            yield
+        finally:
+            unflatten_into(local, parts)
+
+    def finish(self) -> None:
+        """End with one model, the workers' average."""
+        parts = self.parameters() + bn_statistics(self.model)
+        unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
+        super().finish()
 
     def round_record(self) -> dict[str, Any]:
         return {"synced": int(self.synced)}

@@ -136,10 +136,14 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState) -> None:
-        """Rank 0 evaluates; in collective modes everyone waits for it (the barrier's time is
-        evaluation, not waiting: the clock's `eval` phase is not recorded as wait)."""
+        """Rank 0 evaluates the global model; in collective modes everyone waits for it (the
+        barrier's time is evaluation, not waiting: the clock's `eval` phase is not recorded as
+        wait), and takes part in making the global model where the mode needs them to."""
         start = time.perf_counter()
         train_time = st.train_time(start)
+        if self.pauses_everyone and self.mode.collective_global_model and self.rank != 0:
+            with self.mode.global_model():  # its collective needs every worker
+                pass
         if self.rank == 0:
             with self.mode.global_model():
                 result = evaluate(self.mode.model, self.test_set, self.device)
