@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hetsync.algorithms import registry
+
 from hetsync.config import Config
 from hetsync.runtime.launcher import LaunchError, launch
 from hetsync.telemetry.summarize import summarize
@@ -25,7 +27,7 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "esync", "async", "dcasgd", "selsync", "eager-solo",
-                                  "eager-majority"])
+                                  "eager-majority", "gd", "dgc", "dgs"])
 def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     cfg = Config(mode=mode, log_dir=str(tmp_path), time_budget=3.0, **SMALL)
     run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
@@ -37,7 +39,7 @@ def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     for rank in (0, 1):
         losses = [r["loss"] for r in _records(run_dir, rank)]
         assert sum(losses[-5:]) / 5 < 0.5 * losses[0], (rank, losses[0], losses[-5:])
-    if mode in ("async", "dcasgd"):
+    if registry.get(mode).parameter_server:
         assert (run_dir / "ps.jsonl").exists()
     if mode == "esync":
         assert json.loads((run_dir / "state-server.json").read_text())["requests"] > 0

@@ -92,6 +92,7 @@ class Step:
 
     started: float   # time.perf_counter() when the step began (its data)
     ended: float     # ... when its computation ended (emulated slowdown included)
+    epoch: int = 0   # this worker's epoch over its data (0 first)
 
     @property
     def duration(self) -> float:

@@ -30,7 +30,8 @@ from typing import Any, Callable
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.sync",
                     "hetsync.algorithms.esync", "hetsync.algorithms.async_ps",
                     "hetsync.algorithms.eager", "hetsync.algorithms.selsync",
-                    "hetsync.algorithms.baselines")
+                    "hetsync.algorithms.gradient_dropping", "hetsync.algorithms.dgc",
+                    "hetsync.algorithms.dgs", "hetsync.algorithms.baselines")
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,10 @@ class ModeSpec:
         options: the mode's own options, a dataclass whose fields carry ``flags`` and ``help``
             in their metadata (as :class:`hetsync.config.Config`'s) and that may have a
             ``validate()`` raising :class:`hetsync.config.ConfigError`; ``None``: no options.
-        server_rule: ``(weights, lr, options) -> ServerRule`` for the parameter server's
-            asynchronous requests; ``None``: the server (if any) only sums.
+        server_rule: ``(weights, lr, options, layout) -> ServerRule`` for the parameter
+            server's asynchronous requests (``layout``: the
+            :class:`~hetsync.compression.Layout` of the flat weights' layers); ``None``: the
+            server (if any) only sums.
         state_server: the workers need ESync's state server.
         parameter_server: the run needs a parameter-server rank whatever ``--collective`` says.
         collective: the mode aggregates through ``--collective`` (else through its own
@@ -186,13 +189,15 @@ def import_plugins(modules) -> None:
                              f"{type(err).__name__}: {err}") from None
 
 
-def build_server_rule(name: str, weights, lr: float, options=None):
-    """The parameter server's rule for mode `name` (its `server_rule`); ValueError naming a
-    mode that has none."""
+def build_server_rule(name: str, weights, lr: float, options=None, layout=None):
+    """The parameter server's rule for mode `name` (its `server_rule`) over the flat `weights`
+    whose layers `layout` gives (None: one layer); ValueError naming a mode that has none."""
+    from hetsync.compression import Layout
+
     spec = get(name)
     if spec.server_rule is None:
         with_rule = [s.name for s in specs() if s.server_rule is not None]
         raise ValueError(f"mode {name!r} has no parameter-server rule; expected one of "
                          f"{', '.join(with_rule)}")
-    return spec.server_rule(weights, lr, options if options is not None else
-                            spec.make_options())
+    return spec.server_rule(weights, lr, options if options is not None else spec.make_options(),
+                            layout if layout is not None else Layout((weights.numel(),)))

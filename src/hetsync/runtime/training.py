@@ -243,7 +243,7 @@ class TrainingLoop:
             rnd.loss_sum += loss_value
 
             mode.poll()
-            action = mode.decide(Step(started, ended))
+            action = mode.decide(Step(started, ended, epoch))
             agreement = None
             if action.ends_round:
                 stop, agreement = self._before_apply(st, rnd)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import hetsync
 from hetsync.algorithms.base import flatten
 from hetsync.algorithms.registry import build_server_rule
+from hetsync.compression import Layout
 from hetsync.config import Config, ConfigError
 from hetsync.runtime.assembly import assemble, device_label
 from hetsync.runtime.handshake import broadcast_text, gather_texts
@@ -166,8 +167,9 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
     """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
     from hetsync.comm import ParameterServer, meter
 
-    weights = flatten([p for p in model.parameters() if p.requires_grad]).float().cpu()
-    rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options())
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = flatten(params).float().cpu()
+    rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options(), Layout.of(params))
             if cfg.spec.server_rule is not None else None)
     server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout)
     start = time.perf_counter()
