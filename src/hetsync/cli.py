@@ -38,6 +38,10 @@ def cmd_worker(args) -> int:
 
     base = Config.load(args.config) if args.config else WORKER_DEFAULTS
     cfg = config_from_args(args, base)
+    if cfg.bandwidth is not None and args.run_dir is None:
+        print(f"hetsync worker: note: --bandwidth {cfg.bandwidth} is ignored here: launch and "
+              f"bench make the emulated hosts; this worker uses the network it runs on",
+              file=sys.stderr)
     run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer())
     if args.run_dir is None and cfg.workers == 1:  # a standalone run: summarise it too
         from hetsync.runtime.launcher import finish_run

@@ -100,6 +100,9 @@ class Config:
                                      "help": "stop at this test accuracy"})
     epochs: float | None = field(default=3.0, metadata={"flags": ("--epochs",),
                                  "help": "stop after this many epochs of data (all workers)"})
+    bandwidth: str | None = field(default=None, metadata={"flags": ("--bandwidth",),
+        "help": "launch, bench: every rank on its own emulated host behind a link of this "
+                "rate both ways, e.g. 100mbit (network namespaces and tc tbf; needs root)"})
     seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "random seed"})
     threads: int = field(default=1, metadata={"flags": ("--threads",),
                          "help": "torch intra-op threads per worker"})
@@ -237,6 +240,13 @@ class Config:
             raise bad("epochs", "a number > 0")
         if self.threads < 1:
             raise bad("threads", "an integer >= 1")
+        if self.bandwidth is not None:
+            from hetsync.runtime.network import parse_rate
+
+            try:
+                parse_rate(self.bandwidth)
+            except ValueError:
+                raise bad("bandwidth", "a rate such as 100mbit, 1gbit or 500kbit") from None
         if not 0 < self.timeout < math.inf:
             raise bad("timeout", "a finite number of seconds > 0")
         if not 0 < self.state_port < 65536:

@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
       "its step such as 4x (default: 4x)")
     a("--inject", action="store_true", help="data injection (with --partition class or "
       "dirichlet): foreign-class samples in every batch, SelSync's")
+    a("--bandwidth", default=None, help="every run's ranks on emulated hosts behind links of "
+      "this rate both ways, e.g. 100mbit (needs root; default: loopback, unlimited)")
     a("-b", "--batch-size", type=_positive(int), default=64,
       help="mini-batch per worker (default: 64)")
     a("--time-budget", type=_positive(float), default=None,
@@ -207,6 +209,14 @@ def _check(args) -> None:
         raise ConfigError(f"--name: invalid value {args.name!r}; expected a plain file name")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise ConfigError(f"-dd/--data-dir: {args.data_dir} is not a directory")
+    if args.bandwidth is not None:
+        from hetsync.runtime.network import NetworkUnavailable, check_available, parse_rate
+
+        try:
+            parse_rate(args.bandwidth)
+            check_available()
+        except (ValueError, NetworkUnavailable) as err:
+            raise ConfigError(f"--bandwidth: {err}") from None
 
 
 def base_config(args, log_dir: Path) -> Config:
@@ -215,7 +225,7 @@ def base_config(args, log_dir: Path) -> Config:
     return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
                   partition=args.partition, batch_size=args.batch_size,
                   straggle_prob=args.straggle_prob, straggle_delay=args.straggle_delay,
-                  inject=args.inject,
+                  inject=args.inject, bandwidth=args.bandwidth,
                   workers=args.workers, slowdowns=slowdowns,
                   collective=args.collective, seed=args.seed, threads=args.threads,
                   timeout=args.timeout, eval_interval=args.eval_interval,
@@ -394,6 +404,7 @@ def _setup(args, base: Config) -> dict:
             "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
                                   if base.straggle_prob else "none"),
             "data injection": "on" if base.inject else "off",
+            "bandwidth per host": base.bandwidth or "unlimited (loopback)",
             "mode options": ", ".join(f"{k[len(OPTION_PREFIX):]}={v}"
                                       for k, v in sorted(vars(args).items())
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}

@@ -1,9 +1,11 @@
 """`hetsync launch`: a whole cluster on this machine.
 
-Starts the state server (for a mode that needs one: esync), then one `hetsync worker` process per rank (the last one is the
-parameter server when the run needs one), shows one progress line for the cluster, and stops every
-child on Ctrl-C or as soon as one of them fails (its log's last lines are shown). At the end it
-summarises the run directory, draws the figures and prints the summary table.
+Starts the state server (for a mode that needs one: esync), then one `hetsync worker` process
+per rank (the last one is the parameter server when the run needs one) — with `--bandwidth`,
+each on its own emulated host behind a rate-limited link (`runtime/network.py`) — shows one
+progress line for the cluster, and stops every child on Ctrl-C or as soon as one of them fails
+(its log's last lines are shown). At the end it summarises the run directory, draws the
+figures and prints the summary table.
 """
 
 from __future__ import annotations
@@ -76,16 +78,22 @@ class Cluster:
     #: The module every child runs as `python -m MODULE ARGS...` (a subclass may start another).
     module = "hetsync"
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, network=None):
         self.cfg, self.run_dir = cfg, run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
         self.state_port: int | None = None
+        #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
+        self.network = network
 
-    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict | None = None,
+               host: int | None = None) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", self.module, *args], stdout=log,
+        argv = [sys.executable, "-m", self.module, *args]
+        if host is not None:
+            argv = self.network.command(host, argv)
+        proc = subprocess.Popen(argv, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                 start_new_session=True, preexec_fn=_die_with_parent)
@@ -130,14 +138,18 @@ class Cluster:
     def start_ranks(self, config_path: Path) -> None:
         master_port = free_port()
         world = self.cfg.world_size
+        net = self.network
         for rank in range(world):
             name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
             args = ["worker", "--config", str(config_path), "--run-dir", str(self.run_dir)]
             if self.state_port is not None:
                 args += ["-port", str(self.state_port)]
-            self._spawn(name, args, env={
-                "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port)})
+            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1" if net is None else net.address(0),
+                   "MASTER_PORT": str(master_port)}
+            if net is not None:  # gloo would look its address up by the machine's name
+                env["GLOO_SOCKET_IFNAME"] = net.interface
+            self._spawn(name, args, env=env, host=None if net is None else rank)
 
     def ranks(self) -> dict[str, subprocess.Popen]:
         return {k: p for k, p in self.procs.items() if k != "state-server"}
@@ -182,13 +194,34 @@ def prepare_run_dir(cfg: Config) -> tuple[Config, Path]:
     return dataclasses.replace(cfg, run_name=name), run_dir
 
 
+def open_network(cfg: Config):
+    """The emulated hosts of `--bandwidth` (None without it); LaunchError saying why they
+    cannot be made."""
+    if cfg.bandwidth is None:
+        return None
+    from hetsync.runtime.network import LimitedNetwork, NetworkUnavailable
+
+    try:
+        return LimitedNetwork(cfg.world_size, cfg.bandwidth).open()
+    except NetworkUnavailable as err:
+        raise LaunchError(f"--bandwidth {cfg.bandwidth}: {err}") from None
+
+
 def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
            stream=sys.stdout) -> Path:
     """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure."""
     cfg.validate()
-    cfg, run_dir = prepare_run_dir(cfg)
+    network = open_network(cfg)
+    if network is not None:  # the state server listens on the bridge, which every host reaches
+        cfg = dataclasses.replace(cfg, state_ip=network.bridge_address)
+    try:
+        cfg, run_dir = prepare_run_dir(cfg)
+    except BaseException:
+        if network is not None:
+            network.close()
+        raise
     cfg.save(run_dir / "config.json")
-    cluster = Cluster(cfg, run_dir)
+    cluster = Cluster(cfg, run_dir, network)
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -224,6 +257,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             signal.signal(signal.SIGTERM, previous)
         progress.close()
         cluster.stop()
+        if network is not None:
+            network.close()
     if interrupted:
         raise KeyboardInterrupt
     finish_run(run_dir, figures=figures, stream=stream)
