@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The `hetsync bench` runs behind README's DGS / gradient dropping / DGC tables (about 30
+# The `hetsync bench` runs behind README's DGS / gradient dropping / DGC tables (about 35
 # minutes on a 2-core machine; keep it quiet meanwhile; the second needs root).
 #
-# 4 workers of speeds 1, 1, 1/2, 1/4 (slowdowns 1,1,2,4), LeNet, Fashion-MNIST, lr 0.1 (sync
-# scales it by the workers), 45 s per run, seeds 0 and 1: async, gd, dgc, dgs, esync, sync,
+# 4 workers of speeds 1, 1, 1/2, 1/4 (slowdowns 1,1,2,4), LeNet, Fashion-MNIST, each mode at
+# the best of 0.05/0.1/0.2 after a 6 s trial, then 45 s per run, seeds 0 and 1: async, gd,
+# dgc, dgs, esync, sync,
 #   1. on loopback (no limit);
 #   2. each rank on its own emulated host behind 100 Mbit/s both ways (--bandwidth 100mbit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=".venv/bin/hetsync bench"
-common=(--modes async,gd,dgc,dgs,esync,sync --baselines "" --slowdowns 1,1,2,4 -l 0.1
-        --time-budget 45 --repeats 2 --eval-interval 1)
+common=(--modes async,gd,dgc,dgs,esync,sync --baselines "" --slowdowns 1,1,2,4
+        --lr-sweep 0.05,0.1,0.2 --sweep-budget 6 --time-budget 45 --repeats 2 --eval-interval 1)
 uptime
 $bench --name sparse-1124 "${common[@]}" "$@"
 $bench --name sparse-1124-100mbit --bandwidth 100mbit "${common[@]}" "$@"
