@@ -4,7 +4,9 @@ Per step, on every worker (`hetsync.algorithms.sparse_ps` for the shared steps):
 
 1. with `--dgc-clip C`: clip the gradient's norm to C/√P (local gradient clipping; off by
    default, as in its authors' code);
-2. momentum correction: u ← m·u + g; v ← v + u (`MomentumCorrection`, m = 0.9);
+2. momentum correction: u ← m·u + g; v ← v + u (`MomentumCorrection`; m = 0.7, the momentum
+   of DGS's comparison — the paper's 0.9 is for synchronous all-reduce, and on the
+   asynchronous server, where staleness adds momentum of its own, 0.9 diverged here);
 3. pick ρ of each layer of v by DGC's sampled threshold (`SampledTopK`: a 1 % strided sample,
    adapted to stay within 0.8–1.3 × k, else the exact top-k); send lr·v there, zero u and v
    there (momentum-factor masking);
@@ -45,7 +47,7 @@ class DeepGradientCompression(SparseAsyncSGD):
     memory_name = "momentum-correction"
     selector_name = "sampled-topk"
     default_density = 0.001
-    default_momentum = 0.9
+    default_momentum = 0.7
 
     def density(self) -> float:
         return warmup_density(self.epoch, self.base_density, self.options.warmup_epochs)

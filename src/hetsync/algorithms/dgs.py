@@ -11,7 +11,8 @@ Per step, on worker k (`hetsync.algorithms.sparse_ps` for the shared steps):
    layer of W − S − acc_k, and acc_k ← acc_k + e (dual-way sparsification);
 4. every R = 150 updates applied (all workers together), S ← W, and each worker's next reply
    is S, dense, with acc_k ← 0;
-5. the worker adds e to its model (or takes S): its model is always S + acc_k.
+5. the worker adds e to its model (or takes S): its model is always S + acc_k, and that is
+   what an evaluation on rank 0 sees (W itself stays on the server).
 
 Where hetsync departs from the published code: the resync period counts updates applied by
 the server, and the density follows the worker's own rate; the code counts rank 1's steps and

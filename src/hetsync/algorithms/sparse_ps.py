@@ -38,7 +38,7 @@ class SparseOptions:
                                          "element (default: 0.01 for dgs and gd, 0.001 for dgc)"})
     momentum: float | None = field(default=None, metadata={
         "flags": ("--sparse-momentum",), "help": "dgs/dgc: momentum of the memory (default: "
-                                                 "--momentum if > 0, else 0.7 dgs, 0.9 dgc)"})
+                                                 "--momentum if > 0, else 0.7)"})
     weight_decay: float = field(default=0.0, metadata={
         "flags": ("--sparse-weight-decay",), "help": "weight decay (dgs, gd: in the sent "
                                                      "update; dgc: applied by the server)"})
@@ -98,6 +98,8 @@ class SparseApplyRule:
                      if isinstance(update, SparseMessage) else f"a {type(update).__name__}")
             raise ValueError(f"expected a sparse update of length {self.weights.numel()}, "
                              f"got {shown}")
+        if not bool(torch.isfinite(update.values).all()):
+            raise ValueError("the pushed update has non-finite values")
         if self.weight_decay:
             self.weights.mul_(1 - self.lr * self.weight_decay)
         self.weights.index_add_(0, update.indices.long(), update.values.to(self.weights.dtype),
