@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetsync.algorithms.esync import ESync
+from hetsync.algorithms.esync import ESync, global_update
 from hetsync.bench import modes
 from hetsync.bench import results as res
 from hetsync.bench.lr import best_of_sweep, linear_scaling
@@ -118,7 +118,8 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     assert runs["local"].cfg.workers == 1 and runs["local"].cfg.slowdowns == ()
     assert runs["sync"].cfg.lr == pytest.approx(0.2) and runs["ddp"].cfg.lr == pytest.approx(0.2)
     esync = runs["esync"].cfg.mode_options()
-    assert ESync.optimizer_lr(runs["esync"].cfg.lr, esync) == 0.05 and esync.global_lr == 1
+    assert ESync.optimizer_lr(runs["esync"].cfg.lr, esync) == 0.05
+    assert global_update(ESync.defaults, esync)["global_lr"] == 1
     assert runs["post-local-sgd"].cfg.mode_options().period == 8 and runs["ddp"].kind == "baseline"
     for run in runs.values():
         assert run.cfg.time_budget == 60 and run.cfg.seed == 0 and run.cfg.network == "mlp"

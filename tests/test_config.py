@@ -27,7 +27,8 @@ def test_a_modes_options_come_from_its_own_flags():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["-m", "sync", "-ll", "0.1"], "-ll/--local-lr: is an option of mode esync, not of -m sync"),
+    (["-m", "sync", "-ll", "0.1"],
+     "-ll/--local-lr: is an option of modes esync, esync-outer, not of -m sync"),
     (["-m", "esync", "-gl", "0"], "-gl/--global-lr: invalid value 0.0; expected a finite"),
     (["-m", "esync", "--epsilon", "3"], "--epsilon: invalid value 3.0; expected auto or a"),
     (["-m", "dcasgd", "--dcasgd-lambda", "-1"], "--dcasgd-lambda: invalid value -1.0"),

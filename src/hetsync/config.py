@@ -61,6 +61,10 @@ class Config:
                                  "help": "run directory name (default: MODE-NETWORK-TIME)"})
     eval_every: int = field(default=0, metadata={"flags": ("-e", "--eval-every"),
                             "help": "evaluate every N rounds (0: every --eval-interval s)"})
+    deferred_eval: bool = field(default=True, metadata={"flags": ("--deferred-eval",),
+        "help": "keep a snapshot of the global model at each evaluation point and evaluate "
+                "them after training, so training never pauses for it (0: evaluate at once, "
+                "pausing the cluster; always at once with --target-acc)"})
     eval_interval: float = field(default=5.0, metadata={"flags": ("--eval-interval",),
                                  "help": "evaluate every S seconds of training time"})
     split_by_class: bool = field(default=False, metadata={"flags": ("-s", "--split-by-class"),
@@ -445,8 +449,9 @@ def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
                 owner = [(f, modes) for f, _, modes in option_flags()
                          if flag in f.metadata["flags"]]
                 shown = "/".join(owner[0][0].metadata["flags"]) if owner else flag
-                modes = ", ".join(m for _, ms in owner for m in ms)
-                raise ConfigError(f"{shown}: is an option of mode {modes}, not of -m {mode}")
+                modes = [m for _, ms in owner for m in ms]
+                raise ConfigError(f"{shown}: is an option of mode{'s' * (len(modes) > 1)} "
+                                  f"{', '.join(modes)}, not of -m {mode}")
             options[fields[flag]] = value
     return options
 

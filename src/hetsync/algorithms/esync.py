@@ -45,6 +45,7 @@ import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
                                      pack, unflatten_into)
+from hetsync.algorithms.outer import WEIGHTINGS, OuterOptimizer, combine, contribution
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.state.policy import Decision, would_overrun
 
@@ -55,9 +56,19 @@ class ESyncOptions:
 
     local_lr: float | None = field(default=None, metadata={
         "flags": ("-ll", "--local-lr"), "help": "ESync local learning rate (default: -l)"})
-    global_lr: float = field(default=1.0, metadata={
+    global_lr: float | None = field(default=None, metadata={
         "flags": ("-gl", "--global-lr"),
-        "help": "ESync global learning rate on the mean weight delta"})
+        "help": "global (outer) learning rate on the combined weight delta (default: 1 for "
+                "esync, 0.7 for esync-outer)"})
+    outer_momentum: float | None = field(default=None, metadata={
+        "flags": ("--outer-momentum",),
+        "help": "Nesterov momentum of the global update (default: 0 for esync, 0.9 for "
+                "esync-outer)"})
+    weighting: str | None = field(default=None, metadata={
+        "flags": ("--weighting",),
+        "help": "how the workers' deltas combine: uniform (the mean), samples (by local "
+                "steps), fednova (normalised averaging) (default: uniform for esync, "
+                "fednova for esync-outer)"})
     epsilon: float | None = field(default=None, metadata={
         "flags": ("--epsilon",), "parser": "epsilon",
         "help": "ESync readiness margin ε, a fraction of the caller's step time c: stop when "
@@ -73,17 +84,29 @@ class ESyncOptions:
 
         if self.local_lr is not None and not (0 < self.local_lr < float("inf")):
             raise invalid_option(self, "local_lr", "a finite number > 0")
-        if not 0 < self.global_lr < float("inf"):
+        if self.global_lr is not None and not 0 < self.global_lr < float("inf"):
             raise invalid_option(self, "global_lr", "a finite number > 0")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise invalid_option(self, "outer_momentum", "a number in [0, 1)")
+        if self.weighting is not None and self.weighting not in WEIGHTINGS:
+            raise invalid_option(self, "weighting", " or ".join(WEIGHTINGS))
         if self.epsilon is not None and not -1 < self.epsilon < 1:
             raise invalid_option(self, "epsilon", "auto or a fraction in (-1, 1)")
         return self
+
+
+def global_update(defaults: dict[str, Any], options: ESyncOptions) -> dict[str, Any]:
+    """The global update's settings: each option given, else the mode's default."""
+    return {k: default if getattr(options, k) is None else getattr(options, k)
+            for k, default in defaults.items()}
 
 
 class ESync(Mode):
     name = "esync"
     Options = ESyncOptions
     aggregation_pass = True
+    #: the global update's defaults (ESync as published: the mean delta, applied at rate 1)
+    defaults = {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform"}
     WINDOW = 9  # step time c = median of the last WINDOW steps: the round's first step, which
     #             every worker takes at once on shared cores, is not the typical one
 
@@ -92,6 +115,9 @@ class ESync(Mode):
         if comm.state_client is None:
             raise ValueError("mode 'esync' needs a state server client (-ip/-port)")
         self.options.validate()
+        self.settings = global_update(self.defaults, self.options)
+        self.outer = OuterOptimizer(self.settings["global_lr"], self.settings["outer_momentum"])
+        self.weighting = self.settings["weighting"]
         self.local_steps = 0
         self._deadline: float | None = None  # local clock: when the round should end
         self._planned = 0  # the steps the server planned for this round
@@ -167,7 +193,8 @@ class ESync(Mode):
         self._plan = self.comm.state_client.report_async(
             self.comm.rank, self.round + 1, 0, max(self.step_time, 1e-6), self.comm.device_name)
         self._sent = (local, sent_stats)
-        buffer = torch.cat([local - self._global, sent_stats])
+        buffer = torch.cat([sent_stats, contribution(local - self._global, self.local_steps,
+                                                     self.weighting)])
         if self.options.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"esync round {self.round}")
         else:
@@ -185,15 +212,16 @@ class ESync(Mode):
             self._apply_sum(summed)
 
     def _apply_sum(self, summed: torch.Tensor) -> None:
-        """w_global += global_lr · mean(Δ); w_local ← w_global + what was learnt since the
-        send (nothing without `overlap`); BN statistics likewise."""
+        """The outer step on the combined delta (ESync: w_global += global_lr · mean(Δ));
+        w_local ← w_global + what was learnt since the send (nothing without `overlap`);
+        BN statistics ← their mean, likewise."""
         (sent, sent_stats), self._sent = self._sent, None
         params, stats = self.parameters(), bn_statistics(self.model)
-        n = sent.numel()
-        self._global.add_(summed[:n], alpha=self.options.global_lr / self.comm.workers)
+        m = sent_stats.numel()
+        self.outer.step(self._global, *combine(summed[m:], self.comm.workers, self.weighting))
         unflatten_into(self._global + (flatten(params) - sent), params)
         if stats:
-            self._global_stats = summed[n:] / self.comm.workers
+            self._global_stats = summed[:m] / self.comm.workers
             unflatten_into(self._global_stats + (pack(stats) - sent_stats), stats)
 
     @contextmanager
@@ -219,6 +247,9 @@ class ESync(Mode):
         # The steps taken since the last send are in no average: keep the global model.
         self._load(self._global, self._global_stats)
 
+    def describe(self) -> dict[str, Any]:
+        return {"global_update": self.settings}
+
     def state_dict(self) -> dict[str, Any]:
         """Round, the global weights and BatchNorm statistics, and the recent step times.
         A sum still in flight is not state: `settle` it first (the loop does at the end)."""
@@ -227,7 +258,7 @@ class ESync(Mode):
         return {"round": self.round, "global_weights": self._global.clone(),
                 "global_bn_stats": (None if self._global_stats is None
                                     else self._global_stats.clone()),
-                "recent_step_times": list(self._recent)}
+                "recent_step_times": list(self._recent), "outer": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
@@ -236,11 +267,23 @@ class ESync(Mode):
         self._global_stats = None if stats is None else stats.clone()
         self._recent = deque((float(t) for t in state["recent_step_times"]),
                              maxlen=self.WINDOW)
+        self.outer.load_state_dict(state["outer"])
         self.step_time = statistics.median(self._recent) if self._recent else None
         self.local_steps, self._deadline, self._plan, self._answer = 0, None, None, None
+
+
+class ESyncOuter(ESync):
+    """ESync whose global update is an outer Nesterov optimizer over the FedNova-normalised
+    delta (`hetsync.algorithms.outer`): the default of `hetsync launch`."""
+
+    name = "esync-outer"
+    defaults = {"global_lr": 0.7, "outer_momentum": 0.9, "weighting": "fednova"}
 
 
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
                   "done; all-reduce Δ = w_local − w_global; w_global += gl·mean(Δ)",
                   options=ESyncOptions, state_server=True,
                   lr_note="local rate, global 1"))
+register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
+                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the FedNova-normalised delta",
+                  options=ESyncOptions, state_server=True, lr_note="local rate, outer 0.7"))

@@ -351,10 +351,12 @@ def bench(args, argv: list[str], stream=None) -> int:
             r.summary = summarize(r.run_dir, targets)
     results = [res.combine([r for r in results if r.label == label]) for label in labels]
     has_sync = res.compute_speedups(results, targets)
+    has_fastest = res.compute_speedups(results, targets, res.FASTEST_ALONE, into="vs_fastest")
 
     results_dir = Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
-    notes = _notes(args, base, results, has_sync, speedup_at, load_before, load_after)
+    notes = _notes(args, base, results, has_sync, has_fastest, speedup_at, load_before,
+                   load_after)
     figures = []
     done = [r for r in results if r.summary is not None]
     local = next((r for r in done if r.label in _sequential()), None)
@@ -415,11 +417,16 @@ def _sequential() -> set[str]:
     return {s.name for s in registry.specs() if s.max_workers == 1}
 
 
-def _notes(args, base, results, has_sync, speedup_at, load_before, load_after) -> list[str]:
+def _notes(args, base, results, has_sync, has_fastest, speedup_at, load_before,
+           load_after) -> list[str]:
     notes = ["tta = training time until the first evaluation with test accuracy >= target "
              "(evaluation time excluded); — = not reached.",
              (f"speedup = tta(sync) / tta(run) at {speedup_at:g}, same bench." if has_sync
               else "no successful sync run: speedup not computed."),
+             (f"vs fastest alone = tta(local: sequential SGD on one full-speed worker) / "
+              f"tta(run) at {speedup_at:g}, same bench (> 1: the cluster beats its fastest "
+              f"device)." if has_fastest else
+              "no successful local run: 'vs fastest alone' not computed."),
              ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
               + ",".join(f"{x:g}" for x in args.lr_sweep) + " per mode."
               if args.lr_sweep else

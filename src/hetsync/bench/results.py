@@ -39,6 +39,8 @@ class RunResult:
     summary: dict[str, Any] | None = None
     error: str | None = None
     speedup: dict[str, float | None] = field(default_factory=dict)
+    #: tta(sequential SGD on the fastest device alone) / tta(run), per target
+    vs_fastest: dict[str, float | None] = field(default_factory=dict)
     #: with repeats: every seed's run (``summary`` then holds their medians)
     repeats: list["RunResult"] = field(default_factory=list)
     seed: int | None = None
@@ -80,14 +82,20 @@ def combine(runs: Sequence[RunResult]) -> RunResult:
                      error=error or None, repeats=list(runs))
 
 
-def compute_speedups(results: Sequence[RunResult], targets: Sequence[float]) -> bool:
-    """Fill each result's `speedup` {target: tta(sync) / tta(run)}; False when no sync run."""
+#: the run that stands for the fastest device training alone (sequential SGD)
+FASTEST_ALONE = "local"
+
+
+def compute_speedups(results: Sequence[RunResult], targets: Sequence[float],
+                     baseline: str = SPEEDUP_BASELINE, into: str = "speedup") -> bool:
+    """Fill each result's `into` field {target: tta(baseline) / tta(run)}; False when there
+    is no successful `baseline` run."""
     done = {r.label: r.summary for r in results if r.summary is not None}
-    if SPEEDUP_BASELINE not in done:
+    if baseline not in done:
         return False
     for t in targets:
-        for label, value in speedup(done, baseline=SPEEDUP_BASELINE, target=t).items():
-            next(r for r in results if r.label == label).speedup[target_key(t)] = value
+        for label, value in speedup(done, baseline=baseline, target=t).items():
+            getattr(next(r for r in results if r.label == label), into)[target_key(t)] = value
     return True
 
 
@@ -113,15 +121,15 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
          train_size: int | None) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the comparison table."""
     headers = (["run", "lr (how chosen)"] + [f"tta {t:g} (s)" for t in targets]
-               + [f"speedup vs sync @{speedup_at:g}", "final acc", "epochs", "samples/s",
-                  "utilisation", "MB/s"])
+               + [f"speedup vs sync @{speedup_at:g}", f"vs fastest alone @{speedup_at:g}",
+                  "final acc", "epochs", "samples/s", "utilisation", "MB/s"])
     out = []
     for r in results:
         lr = f"{r.lr:g} ({r.lr_how})"
         s = r.summary
         if s is None:
             out.append([r.label, lr] + ["—"] * len(targets)
-                       + ["failed: " + (r.error or "").splitlines()[0][:60]] + ["—"] * 5)
+                       + ["failed: " + (r.error or "").splitlines()[0][:60]] + ["—"] * 6)
             continue
         epochs = s["samples"] / train_size if train_size else None
         traffic = s.get("traffic_Bps")
@@ -130,6 +138,7 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
                               lambda x, t=t: x["time_to_accuracy"].get(target_key(t)))
                       for t in targets]
                    + [_num(r.speedup.get(target_key(speedup_at)), ".2f"),
+                      _num(r.vs_fastest.get(target_key(speedup_at)), ".2f"),
                       _spread(r, s["final_accuracy"], ".4f", lambda x: x["final_accuracy"]),
                       _num(epochs, ".2f"),
                       _num(s["throughput"], ",.0f"), _num(s["utilisation"], ".2f"),
@@ -179,7 +188,7 @@ def result_doc(r: RunResult) -> dict[str, Any]:
     s = r.summary
     doc = {"label": r.label, "kind": r.kind, "lr": r.lr, "lr_how": r.lr_how,
            "run_dir": str(r.run_dir) if r.run_dir else None, "error": r.error,
-           "speedup_vs_sync": r.speedup, "summary": s}
+           "speedup_vs_sync": r.speedup, "vs_fastest_alone": r.vs_fastest, "summary": s}
     if r.repeats:
         doc["repeats"] = [{"seed": x.seed, "run_dir": str(x.run_dir) if x.run_dir else None,
                            "error": x.error, "summary": x.summary} for x in r.repeats]

@@ -1,0 +1,71 @@
+"""The global update of local-step modes: weightings and the outer optimizer (pure logic; the
+modes that use them run on real processes in test_modes / test_mode_state)."""
+
+import pytest
+import torch
+
+from hetsync.algorithms.esync import ESync, ESyncOptions, ESyncOuter, global_update
+from hetsync.algorithms.outer import OuterOptimizer, combine, contribution
+
+
+def _deltas(workers=3, n=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g) for _ in range(workers)]
+
+
+def _summed(deltas, steps, weighting):
+    return sum(contribution(d, s, weighting) for d, s in zip(deltas, steps))
+
+
+def test_momentum_zero_and_rate_one_is_esyncs_update_exactly():
+    deltas, w = _deltas(), torch.randn(50)
+    summed = _summed(deltas, [5, 3, 1], "uniform")
+    ours = w.clone()
+    OuterOptimizer(lr=1.0, momentum=0.0).step(ours, *combine(summed, 3, "uniform"))
+    before = w.clone()
+    before.add_(sum(deltas), alpha=1.0 / 3)  # ESync: w_global += gl * mean(delta)
+    assert torch.equal(ours, before)
+
+
+def test_fednova_with_equal_local_steps_equals_uniform():
+    deltas = _deltas(4)
+    uniform = combine(_summed(deltas, [6] * 4, "uniform"), 4, "uniform")
+    fednova = combine(_summed(deltas, [6] * 4, "fednova"), 4, "fednova")
+    torch.testing.assert_close(fednova[0] * fednova[1], uniform[0] * uniform[1])
+
+
+def test_unequal_steps_are_weighted_as_each_rule_says():
+    deltas, steps = _deltas(2), [8, 2]
+    vec, scale = combine(_summed(deltas, steps, "samples"), 2, "samples")
+    torch.testing.assert_close(vec * scale, (8 * deltas[0] + 2 * deltas[1]) / 10)
+    vec, scale = combine(_summed(deltas, steps, "fednova"), 2, "fednova")
+    tau_eff = (8 + 2) / 2
+    torch.testing.assert_close(vec * scale, tau_eff * (deltas[0] / 8 + deltas[1] / 2) / 2)
+    with pytest.raises(ValueError, match="expected one of uniform, samples, fednova"):
+        contribution(deltas[0], 1, "median")
+
+
+def test_nesterov_outer_step_is_torch_sgd_on_the_pseudo_gradient():
+    w = torch.randn(20)
+    ours, ref = w.clone(), torch.nn.Parameter(w.clone())
+    sgd = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
+    outer = OuterOptimizer(lr=0.7, momentum=0.9)
+    for seed in range(5):
+        delta = _deltas(1, 20, seed)[0]
+        outer.step(ours, delta, 1.0)
+        ref.grad = -delta  # the mean delta is a negative pseudo-gradient
+        sgd.step()
+        torch.testing.assert_close(ours, ref.detach())
+    copy = OuterOptimizer()
+    copy.load_state_dict(outer.state_dict())
+    assert copy.momentum == 0.9 and torch.equal(copy.buffer, outer.buffer)
+
+
+def test_esync_outer_defaults_and_flags_override_them():
+    paper = global_update(ESync.defaults, ESyncOptions())
+    assert paper == {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform"}
+    assert global_update(ESyncOuter.defaults, ESyncOptions()) == {
+        "global_lr": 0.7, "outer_momentum": 0.9, "weighting": "fednova"}
+    given = ESyncOptions(global_lr=0.5, weighting="samples")
+    assert global_update(ESyncOuter.defaults, given) == {
+        "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "samples"}
