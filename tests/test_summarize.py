@@ -341,3 +341,11 @@ def test_worker_declared_but_never_wrote(tmp_path):
     run["ranks"].append(dict(rank=3, host="cloud1", device="ps", slowdown=1.0, role="parameter-server"))
     (run_dir / "run.json").write_text(json.dumps(run))
     assert summarize(run_dir)["missing_workers"] == [2]
+
+
+def test_summarize_of_a_directory_that_is_no_run_says_so_in_one_line(tmp_path, capsys):
+    from hetsync.cli import main
+
+    assert main(["summarize", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no run.json" in err and "Traceback" not in err

@@ -200,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # known failures of a run: say what, not where
         from hetsync.runtime.launcher import LaunchError
         from hetsync.state import StateServerError
+        from hetsync.telemetry.runlog import RunLogError
 
-        if isinstance(err, (LaunchError, StateServerError, FileNotFoundError)):
+        if isinstance(err, (LaunchError, StateServerError, RunLogError, FileNotFoundError)):
             print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
             return 1
         raise

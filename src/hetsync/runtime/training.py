@@ -24,6 +24,7 @@ excludes it.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -113,6 +114,10 @@ class TrainingLoop:
         else:
             self.control = CollectiveControl()
         self._in_flight = None  # the background channel's future of the last proposal's sum
+        #: evaluate snapshots after training instead of pausing it (not when a target
+        #: accuracy must be known at once to stop)
+        self.deferred = cfg.deferred_eval and cfg.target_acc is None
+        self._snapshots: list[tuple[dict, dict]] = []  # (record stamp, CPU state_dict)
 
     @property
     def pauses_everyone(self) -> bool:
@@ -136,29 +141,51 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState) -> None:
-        """Rank 0 evaluates the global model; in collective modes everyone waits for it (the
-        barrier's time is evaluation, not waiting: the clock's `eval` phase is not recorded as
-        wait), and takes part in making the global model where the mode needs them to."""
+        """Rank 0 evaluates the global model — or, deferred, keeps a snapshot of it for
+        `evaluate_snapshots` — and every worker takes part in making the global model where
+        the mode needs them to. Evaluated at once in a collective mode, everyone waits for it
+        (the barrier's time is evaluation, not waiting: the clock's `eval` phase is not
+        recorded as wait)."""
         start = time.perf_counter()
         train_time = st.train_time(start)
         if self.pauses_everyone and self.mode.collective_global_model and self.rank != 0:
             with self.mode.global_model():  # its collective needs every worker
                 pass
         if self.rank == 0:
+            stamp = {"t": start - st.t0, "train_time": train_time,
+                     "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
-                result = evaluate(self.mode.model, self.test_set, self.device)
-            st.last_acc = result.test_acc
+                if self.deferred:
+                    state = self.mode.model.state_dict()
+                    self._snapshots.append(
+                        (stamp, {k: v.detach().to("cpu", copy=True) for k, v in state.items()}))
+                else:
+                    result = evaluate(self.mode.model, self.test_set, self.device)
             st.last_eval_train_time = train_time
-            if self.eval_recorder is not None:
-                self.eval_recorder.write({
-                    "t": time.perf_counter() - st.t0, "train_time": train_time,
-                    "round": self.mode.round - 1, "samples_seen": st.samples_seen,
-                    "test_acc": result.test_acc, "test_loss": result.test_loss})
-            if self.progress is not None:
-                self.progress(self.mode.round - 1, train_time, st.samples_seen, result)
-        if self.pauses_everyone:
+            if not self.deferred:
+                st.last_acc = result.test_acc
+                self._record_evaluation(stamp, result)
+        if self.pauses_everyone and not self.deferred:
             self.mode.comm.barrier(phase="eval")
         st.eval_total += time.perf_counter() - start
+
+    def _record_evaluation(self, stamp: dict, result: Evaluation) -> None:
+        if self.eval_recorder is not None:
+            self.eval_recorder.write({**stamp, "test_acc": result.test_acc,
+                                      "test_loss": result.test_loss})
+        if self.progress is not None:
+            self.progress(stamp["round"], stamp["train_time"], stamp["samples_seen"], result)
+
+    def evaluate_snapshots(self) -> int:
+        """After training: evaluate the deferred snapshots in order (rank 0); how many."""
+        if not self._snapshots:
+            return 0
+        model = copy.deepcopy(self.mode.model)
+        for stamp, state in self._snapshots:
+            model.load_state_dict(state)
+            self._record_evaluation(stamp, evaluate(model, self.test_set, self.device))
+        count, self._snapshots = len(self._snapshots), []
+        return count
 
     def evaluate_initial(self, t0: float) -> None:
         """Accuracy of the starting model (round 0, training time 0), before the clock runs."""

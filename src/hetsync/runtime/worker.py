@@ -146,11 +146,13 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
             state = loop.run(t0)
             if rank == 0:
                 wall = time.perf_counter() - t0
+                train_time = state.train_time(time.perf_counter())
+                loop.evaluate_snapshots()  # deferred evaluation: after the clock stopped
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
                 write_json_atomic(run_dir / "run.json", _run_info(
                     **info, end_time=start_time + wall, wall_s=wall,
-                    train_time=state.train_time(time.perf_counter()),
+                    train_time=train_time,
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0))
     except BaseException:
         assembly.close(wait=False)  # a failed worker exits at once, not after its peers
