@@ -65,7 +65,7 @@ def test_esync_outer_defaults_and_flags_override_them():
     paper = global_update(ESync.defaults, ESyncOptions())
     assert paper == {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform"}
     assert global_update(ESyncOuter.defaults, ESyncOptions()) == {
-        "global_lr": 0.7, "outer_momentum": 0.9, "weighting": "fednova"}
-    given = ESyncOptions(global_lr=0.5, weighting="samples")
+        "global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform"}
+    given = ESyncOptions(global_lr=0.5, weighting="fednova")
     assert global_update(ESyncOuter.defaults, given) == {
-        "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "samples"}
+        "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "fednova"}

@@ -67,8 +67,8 @@ class ESyncOptions:
     weighting: str | None = field(default=None, metadata={
         "flags": ("--weighting",),
         "help": "how the workers' deltas combine: uniform (the mean), samples (by local "
-                "steps), fednova (normalised averaging) (default: uniform for esync, "
-                "fednova for esync-outer)"})
+                "steps), fednova (normalised averaging; for non-IID data) (default: "
+                "uniform)"})
     epsilon: float | None = field(default=None, metadata={
         "flags": ("--epsilon",), "parser": "epsilon",
         "help": "ESync readiness margin ε, a fraction of the caller's step time c: stop when "
@@ -273,11 +273,11 @@ class ESync(Mode):
 
 
 class ESyncOuter(ESync):
-    """ESync whose global update is an outer Nesterov optimizer over the FedNova-normalised
-    delta (`hetsync.algorithms.outer`): the default of `hetsync launch`."""
+    """ESync whose global update is an outer Nesterov optimizer over the mean delta
+    (`hetsync.algorithms.outer`): the default of `hetsync launch`."""
 
     name = "esync-outer"
-    defaults = {"global_lr": 0.7, "outer_momentum": 0.9, "weighting": "fednova"}
+    defaults = {"global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform"}
 
 
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
@@ -285,5 +285,5 @@ register(ModeSpec("esync", ESync, "local steps until the state server says the s
                   options=ESyncOptions, state_server=True,
                   lr_note="local rate, global 1"))
 register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
-                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the FedNova-normalised delta",
+                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta",
                   options=ESyncOptions, state_server=True, lr_note="local rate, outer 0.7"))

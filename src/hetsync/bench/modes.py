@@ -45,7 +45,7 @@ from hetsync.config import (COLLECTIVES, DATASETS, OPTION_PREFIX, PARTITIONS, Co
                             ConfigError,
                             add_option_arguments, given_options)
 
-DEFAULT_MODES = ("local", "sync", "esync", "async", "dcasgd")
+DEFAULT_MODES = ("local", "sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
 DEFAULT_TARGETS = (0.7, 0.8, 0.85)
 
