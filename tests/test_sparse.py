@@ -237,3 +237,16 @@ def test_the_dgs_server_state_round_trips_and_continues_identically(tmp_path):
             assert torch.equal(ra, rb)
         else:
             assert torch.equal(ra.indices, rb.indices) and torch.equal(ra.values, rb.values)
+
+
+@pytest.mark.slow
+def test_a_full_sparse_message_crosses_the_wire():
+    # density 1: every coordinate travels (nnz = numel); the empty message (nnz = 0) is
+    # test_comm_ps's test_sparse_push_and_reply_round_trip
+    from hetsync.models import build_model
+
+    numel = sum(p.numel() for p in build_model("lenet", (1, 28, 28)).parameters())
+    for views, sent, recv, nonzeros in run_ranks(_sparse_run, 3, "gd", 3,
+                                                 {"density": 1.0})[:-1]:
+        assert nonzeros == numel and sent == 96 + 8 * numel
+        assert not torch.equal(views[0], views[-1])
