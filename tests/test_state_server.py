@@ -86,3 +86,164 @@ def test_client_reports_a_refusal_with_the_servers_reason(server):
     c = StateClient(server.host, server.port)
     with pytest.raises(StateServerError, match="rank 9"):
         c.report(9, 1, 1, 0.1)
+
+
+# --- hardening (issue 17): no request makes it answer 500, hang, die or allocate unboundedly ---
+
+def _report(**fields):
+    body = {"rank": 0, "round": 1, "steps": 1, "step_time": 0.01, **fields}
+    return json.dumps(body).encode()
+
+
+BAD_REQUESTS = [
+    ("POST", "/report", _report(step_time=1e300), "step_time"),
+    ("POST", "/report", _report(step_time=1e308), "step_time"),
+    ("POST", "/report", b'{"rank": 0, "round": 1, "steps": 1, "step_time": 1e400}', "step_time"),
+    ("POST", "/report", b'{"rank": 0, "round": 1, "steps": 1, "step_time": Infinity}', "step_time"),
+    ("POST", "/report", _report(step_time=0), "step_time"),
+    ("POST", "/report", _report(step_time="0.1"), "step_time"),
+    ("POST", "/report", _report(step_time=True), "step_time"),
+    ("POST", "/report", b'{"rank": 0, "round": 1%s, "steps": 1, "step_time": 0.1}' % (b"0" * 400), "round"),
+    ("POST", "/report", b'{"rank": 0, "round": 1, "steps": 1%s, "step_time": 0.1}' % (b"0" * 400), "steps"),
+    ("POST", "/report", _report(rank=-1), "rank"),
+    ("POST", "/report", _report(rank=10 ** 30), "rank"),
+    ("POST", "/report", _report(steps=-1), "steps"),
+    ("POST", "/report", _report(round=1.5), "round"),
+    ("POST", "/report", _report(device=7), "device"),
+    ("POST", "/report", b"", "JSON object"),
+    ("POST", "/report", b"null", "JSON object"),
+    ("POST", "/report", b'"text"', "JSON object"),
+    ("POST", "/report", b"[" * 100000, "body"),  # over MAX_BODY
+    ("POST", "/report", b"[" * 5000 + b"]" * 5000, "JSON object"),  # deep nesting
+    ("POST", "/report", b"\xff\xfe garbage", "JSON object"),
+    ("POST", "/init", json.dumps({"workers": 2_000_000}).encode(), "workers"),
+    ("POST", "/init", json.dumps({"workers": 0}).encode(), "workers"),
+    ("POST", "/init", json.dumps({"workers": "4"}).encode(), "workers"),
+    ("POST", "/init", json.dumps({"workers": 2, "epsilon": 5}).encode(), "epsilon"),
+    ("POST", "/init", json.dumps({"workers": 2, "epsilon": "auto"}).encode(), "epsilon"),
+    ("POST", "/init", json.dumps({}).encode(), "workers"),
+    ("PUT", "/report", _report(), "PUT"),
+    ("DELETE", "/init", b"", "DELETE"),
+    ("POST", "/status", b"{}", "POST"),
+    ("GET", "/../etc/passwd", None, "404"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, needle", BAD_REQUESTS)
+def test_malformed_requests_get_one_4xx_line_and_planning_goes_on(server, method, path, body, needle):
+    headers = {"Content-Type": "application/json"}
+    status, data = _raw(server, method, path, body, headers)
+    assert 400 <= status < 500, (status, data)
+    assert needle in json.loads(data)["error"]
+    # the next well-formed round is planned as usual (a poisoned tracker would answer 500)
+    c = StateClient(server.host, server.port, timeout=5)
+    c.init(workers=2, epsilon=0.0)
+    assert c.report(0, 1, 1, 0.01).ready and c.report(1, 1, 1, 0.05).ready
+    assert not c.report(0, 2, 1, 0.01).ready
+    c.close()
+
+
+def test_a_huge_step_time_ratio_is_planned_at_once(server):
+    c = StateClient(server.host, server.port, timeout=5)
+    c.init(workers=2, epsilon=None)
+    c.report(0, 1, 1, 1e-7)
+    c.report(1, 1, 1, 3.0)  # 3·10^7 times slower: the round length weighs bounded candidates
+    d = c.report(0, 2, 1, 1e-7)
+    assert d.steps_left > 10 ** 6
+    c.close()
+
+
+def _raw_socket(server, payload: bytes, wait: float = 5.0) -> bytes:
+    import socket
+
+    with socket.create_connection((server.host, server.port), timeout=wait) as s:
+        try:
+            s.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):  # refused before all was sent
+            return b""
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                raise AssertionError(f"no answer and no close within {wait} s: {out!r}")
+            except ConnectionResetError:  # closed with our bytes still unread: refused
+                return out
+            if not chunk:
+                return out
+            out += chunk
+
+
+@pytest.mark.parametrize("payload", [
+    b"GET /\r\n\r\n",  # HTTP/0.9
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32),  # a TLS ClientHello
+    b"POST /report HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    b"POST /report HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 200000 + b"\r\n\r\n",
+])
+def test_garbage_on_the_wire_is_answered_or_closed_not_held(server, payload):
+    out = _raw_socket(server, payload)  # answered (never 5xx) and closed, or just closed
+    assert out == b"" or (out.startswith(b"HTTP/1.1 ") and out[9:10] in b"24"), out[:200]
+    status, _ = _raw(server, "GET", "/healthz")
+    assert status == 200
+
+
+def test_a_half_sent_request_is_closed_after_the_request_timeout(server, monkeypatch):
+    import hetsync.state.server as module
+
+    monkeypatch.setattr(module, "REQUEST_TIMEOUT", 0.5)
+    out = _raw_socket(server, b"POST /report HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                      wait=10)
+    assert out == b""  # closed by the server, long before the client's own 10 s
+
+
+def test_binding_beyond_loopback_needs_a_token(monkeypatch):
+    from hetsync.state.server import ServerConfigError
+
+    monkeypatch.delenv("HETSYNC_TOKEN", raising=False)
+    with pytest.raises(ServerConfigError, match="--token"):
+        StateServer(workers=2, host="0.0.0.0", port=0)
+
+
+def test_with_a_token_every_request_but_healthz_must_carry_it():
+    s = StateServer(workers=2, host="0.0.0.0", port=0, token="s3cret").start()
+    try:
+        status, data = _raw(s, "GET", "/status")
+        assert status == 401 and "token" in json.loads(data)["error"]
+        status, _ = _raw(s, "GET", "/status", headers={"Authorization": "Bearer wrong"})
+        assert status == 401
+        assert _raw(s, "GET", "/healthz")[0] == 200
+        assert _raw(s, "GET", "/?token=s3cret")[0] == 200
+        with pytest.raises(StateServerError, match="token"):
+            StateClient("127.0.0.1", s.port, timeout=5, token="nope").report(0, 1, 1, 0.1)
+        c = StateClient("127.0.0.1", s.port, timeout=5, token="s3cret")
+        assert c.report(0, 1, 1, 0.1).ready
+        c.close()
+    finally:
+        s.stop()
+
+
+def test_the_cli_refuses_an_exposed_server_without_a_token_in_one_line(capsys, monkeypatch):
+    from hetsync.cli import main
+
+    monkeypatch.delenv("HETSYNC_TOKEN", raising=False)
+    assert main(["state-server", "--host", "0.0.0.0", "--port", "0"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--token" in err[0] and "0.0.0.0" in err[0]
+
+
+@pytest.mark.slow
+def test_load_from_16_keep_alive_clients_has_no_errors():
+    """A bounded load (the figures are `hetsync bench state`'s to print, not this test's)."""
+    import asyncio
+
+    from hetsync.bench.state_load import drive, start_server
+
+    proc, port = start_server(16)
+    try:
+        result = asyncio.run(drive("127.0.0.1", port, 4000, 16))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert result.errors == 0 and result.requests == 4000

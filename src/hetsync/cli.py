@@ -54,7 +54,8 @@ def cmd_worker(args) -> int:
 def cmd_state_server(args) -> int:
     from hetsync.state import StateServer
 
-    server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port)
+    server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
+                         token=args.token)
     eps = "auto" if args.epsilon is None else args.epsilon
     print(f"hetsync state server on http://{server.host}:{server.port}/ "
           f"({args.workers} workers, epsilon {eps})", flush=True)
@@ -90,6 +91,10 @@ def cmd_bench(args) -> int:
         from hetsync.bench.comm import main as comm_main
 
         return comm_main(args.rest) or 0
+    if args.what == "state":
+        from hetsync.bench.state_load import main as state_main
+
+        return state_main(args.rest)
     from hetsync.bench.modes import main as modes_main
 
     return modes_main(args.rest) or 0
@@ -138,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", "-port", type=int, default=10010)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--token", default=None,
+                   help="shared secret every request must carry (default: $HETSYNC_TOKEN); "
+                        "required when --host is not a loopback address")
     p.add_argument("--epsilon", type=parse_epsilon, default=None,
                    help="readiness margin as a fraction of the caller's step time, or auto "
                         "(default; the first worker's /init overrides it)")
@@ -159,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="compare modes side by side (or `bench comm`)",
                        add_help=False)
-    p.add_argument("what", nargs="?", choices=("modes", "comm"), default="modes")
+    p.add_argument("what", nargs="?", choices=("modes", "comm", "state"), default="modes")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
 
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"hetsync: error: --plugin: {err}", file=sys.stderr)
         return 2
-    if argv[:1] == ["bench"] and argv[1:2] not in (["modes"], ["comm"]):
+    if argv[:1] == ["bench"] and argv[1:2] not in (["modes"], ["comm"], ["state"]):
         argv = ["bench", "modes", *argv[1:]]  # `hetsync bench --modes ...` means the modes bench
     args = build_parser().parse_args(argv)
     try:
@@ -201,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # known failures of a run: say what, not where
         from hetsync.runtime.launcher import LaunchError
         from hetsync.state import StateServerError
+        from hetsync.state.server import ServerConfigError
         from hetsync.telemetry.runlog import RunLogError
 
-        if isinstance(err, (LaunchError, StateServerError, RunLogError, FileNotFoundError)):
+        if isinstance(err, (LaunchError, StateServerError, ServerConfigError, RunLogError,
+                            FileNotFoundError)):
             print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
             return 1
         raise

@@ -11,6 +11,7 @@ figures and prints the summary table.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from hetsync.config import Config, ConfigError
 from hetsync.runtime.worker import default_run_name
+from hetsync.state.server import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
 from hetsync.telemetry.recorder import write_json_atomic
 
@@ -86,6 +88,10 @@ class Cluster:
         self.state_port: int | None = None
         #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
         self.network = network
+        #: the state server's shared secret, given to every child: the user's own, or a fresh
+        #: one when the server listens on an address other machines could reach
+        self.token = os.environ.get("HETSYNC_TOKEN") or (
+            None if is_loopback(cfg.state_ip) else secrets.token_urlsafe(24))
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
                host: int | None = None) -> subprocess.Popen:
@@ -95,7 +101,8 @@ class Cluster:
             argv = self.network.command(host, argv)
         proc = subprocess.Popen(argv, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                                     **({"HETSYNC_TOKEN": self.token} if self.token else {})},
                                 start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.procs[name] = proc
@@ -110,7 +117,7 @@ class Cluster:
         # The workers' rank 0 starts the run on it with the mode's own options (`/init`).
         self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
                                      "--workers", str(self.cfg.workers)])
-        client = StateClient(host, port, timeout=5)
+        client = StateClient(host, port, timeout=5, token=self.token)
         try:
             client.wait_until_up(deadline_s=30)
         except Exception as err:
@@ -126,7 +133,7 @@ class Cluster:
 
         if self.state_port is None:
             return None
-        client = StateClient(self.cfg.state_ip, self.state_port, timeout=5)
+        client = StateClient(self.cfg.state_ip, self.state_port, timeout=5, token=self.token)
         try:
             status = client.status()
         except Exception:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import time
 from typing import Callable
@@ -20,15 +21,21 @@ class StateServerError(RuntimeError):
 
 
 class StateClient:
-    """Talks to `hetsync state-server` at host:port; every call is bounded by `timeout` seconds."""
+    """Talks to `hetsync state-server` at host:port; every call is bounded by `timeout` seconds.
+    `token`: the server's shared secret (default: `HETSYNC_TOKEN`, if set)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0,
+                 token: str | None = None):
         self.host, self.port, self.timeout = host, port, timeout
+        token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
+        self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._conn: http.client.HTTPConnection | None = None
 
     def _send(self, method: str, path: str, body: dict | None) -> None:
         payload = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        headers = dict(self._auth)
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         self._conn.request(method, path, body=payload, headers=headers)

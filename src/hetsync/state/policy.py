@@ -116,6 +116,10 @@ def steps_until_overrun(step_time: float, rest: float, margin: float) -> int:
     return math.floor(fits + 1e-9) + 1
 
 
+#: At most this many candidate round lengths are weighed (`round_length`).
+MAX_CANDIDATES = 4096
+
+
 def round_length(step_times: Iterable[float]) -> float:
     """The round length L in [c_s, 2·c_s) that keeps the workers busiest: the largest mean
     computing time ratio (1/P) Σ_i ⌊L/c_i⌋·c_i / L (c_s: the slowest's step, which stays one
@@ -132,7 +136,13 @@ def round_length(step_times: Iterable[float]) -> float:
         raise ValueError(f"step times must be > 0, got {times.tolist()}")
     slowest = times[-1]
     candidates = [np.array([slowest])]
+    # A worker whose step divides the slowest's more than `most` times fills any round to
+    # within 1/most anyway: its multiples are not candidates, which bounds the work (and the
+    # memory) at MAX_CANDIDATES lengths however unequal the reported step times are.
+    most = max(1, MAX_CANDIDATES // times.size)
     for c in times[:-1]:
+        if slowest / c > most:
+            continue
         k = np.arange(math.floor(slowest / c) + 1, math.ceil(2 * slowest / c))
         candidates.append(k * c)
     lengths = np.unique(np.concatenate(candidates))  # sorted: argmax takes the shortest
