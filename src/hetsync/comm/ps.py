@@ -84,6 +84,8 @@ class ServerStats:
     sum_rounds: int = 0
     bytes_sent: int = 0
     bytes_recv: int = 0
+    #: requests refused, one dict per refused (and then dropped) worker: rank, field, error
+    refused: list[dict] = dataclasses.field(default_factory=list)
 
 
 def _explain(reply: Header) -> str:
@@ -93,6 +95,8 @@ def _explain(reply: Header) -> str:
         except ValueError:
             field = f"#{reply.detail}"
         return f"it did not understand header field '{field}'"
+    if reply.status == Status.BAD_PAYLOAD:
+        return "its payload was non-finite or did not match its header"
     if reply.status == Status.RULE_FAILED:
         return "its rule failed (see the server's traceback)"
     if reply.status == Status.ROUND_ABORTED:
@@ -109,13 +113,18 @@ class ParameterServer:
             synchronous sums are served.
         timeout: seconds the server waits for any single transfer, including the wait for
             the next request from any worker; ``None``: the process-wide default.
+        numel: the model's length: every push must have it, a sum at most that; ``None``:
+            any length up to :data:`~hetsync.comm.wire.MAX_NUMEL`.
 
     The loop, one request at a time:
 
-    1. Receive the next 96-byte header from any rank; refuse (reply ERROR, then raise
-       :class:`ProtocolError` naming the sender and the field) one it does not understand,
-       one from a non-worker or after BYE, or one out of sequence.
-    2. Receive the payload whose kind, dtype and sizes the header gave.
+    1. Receive the next 96-byte header from any rank; refuse one it does not understand,
+       one from a non-worker or after BYE, one out of sequence or of the wrong length.
+    2. Receive the payload whose kind, dtype and sizes the header gave (into a buffer of
+       NaN); refuse one with non-finite values (which a payload shorter than its header
+       leaves) or sparse indices out of range.
+       A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
+       served no more, as if it had said BYE; the others go on.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -124,7 +133,7 @@ class ParameterServer:
     """
 
     def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None, numel: int | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -135,7 +144,11 @@ class ParameterServer:
         if rule is not None and not isinstance(rule, ServerRule):
             raise ValueError(f"rule must have pull(worker) and push(worker, update), got "
                              f"{type(rule).__name__}")
+        if numel is not None and (isinstance(numel, bool) or not isinstance(numel, int)
+                                  or numel < 1):
+            raise ValueError(f"numel must be a positive int or None, got {numel!r}")
         self.workers = tuple(sorted(workers))
+        self.numel = numel
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
@@ -183,6 +196,17 @@ class ParameterServer:
         next_round = {w: 0 for w in self.workers}
         closed_at: dict[int, int] = {}          # worker -> first round it will never join
         rounds: dict[int, dict[int, tuple[int, torch.Tensor]]] = {}
+
+        def close(worker: int) -> None:
+            """`worker` is gone (BYE, or refused): abort the sum rounds it will never join."""
+            open_workers.discard(worker)
+            closed_at[worker] = next_round[worker]
+            for r in sorted(k for k in rounds if k >= next_round[worker]):
+                waiting = rounds.pop(r)
+                self._transfer([o for w, (s, _) in waiting.items()
+                                for o in self._error_ops(w, s, Status.ROUND_ABORTED, r)],
+                               OP_NAMES[Op.SUM])
+
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         while open_workers:
             timeout = resolve_timeout(self.timeout)
@@ -195,39 +219,20 @@ class ParameterServer:
                     f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
             seq = int(raw[Field.SEQ])
             try:
-                if src not in self.workers:
-                    raise ProtocolError(f"refused header from rank {src}: field 'sender' = "
-                                        f"{src}: not a worker of this server {self.workers}",
-                                        peer=src, field="sender", value=src)
-                header = decode(raw, src)
-                if src not in open_workers:
-                    raise ProtocolError(f"refused header from rank {src}: field 'op' = "
-                                        f"{header.op}: request after BYE", peer=src,
-                                        field="op", value=header.op)
-                if header.seq != next_seq[src]:
-                    raise ProtocolError(
-                        f"refused header from rank {src}: field 'seq' = {header.seq}: "
-                        f"expected {next_seq[src]}", peer=src, field="seq", value=header.seq)
-                if header.op == Op.SUM:
-                    self._check_sum(header, next_round[src], rounds)
+                header, payload = self._receive(raw, src, open_workers, next_seq[src],
+                                                next_round[src], rounds)
             except ProtocolError as err:
+                # Refuse that worker, not the run: it is told why, and served no more.
                 detail = Field[err.field.upper()] if err.field and \
                     err.field.upper() in Field.__members__ else 0
-                self._send_error_quietly(src, seq, Status.BAD_HEADER, int(detail), "ps/serve")
-                raise
+                status = Status.BAD_PAYLOAD if err.field == "payload" else Status.BAD_HEADER
+                self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
+                self.stats.refused.append({"rank": src, "field": err.field,
+                                           "error": str(err)})
+                if src in open_workers:
+                    close(src)
+                continue
             op = OP_NAMES[Op(header.op)]
-            meter.add(op, 0, HEADER_BYTES)
-            self.stats.bytes_recv += HEADER_BYTES
-            bufs, payload = receive_buffers(header)
-            self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
-            if isinstance(payload, SparseMessage) and payload.nnz:
-                lo, hi = int(payload.indices.min()), int(payload.indices.max())
-                if lo < 0 or hi >= payload.numel:
-                    self._send_error_quietly(src, seq, Status.BAD_HEADER, int(Field.NNZ), op)
-                    raise ProtocolError(
-                        f"refused payload from rank {src}: sparse indices span [{lo}, {hi}] "
-                        f"outside [0, numel={payload.numel})", peer=src, field="indices",
-                        value=lo if lo < 0 else hi)
             next_seq[src] += 1
             self.stats.requests[op.split("/")[1]] += 1
             self.stats.per_worker[src] += 1
@@ -246,15 +251,55 @@ class ParameterServer:
                 if len(rounds[r]) == len(self.workers):
                     self._finish_round(rounds.pop(r), op)
             else:  # BYE
-                open_workers.discard(src)
-                closed_at[src] = next_round[src]
                 self._transfer(self._reply_ops(src, header.seq, None), op)
-                for r in sorted(k for k in rounds if k >= next_round[src]):
-                    waiting = rounds.pop(r)
-                    self._transfer([o for w, (s, _) in waiting.items()
-                                    for o in self._error_ops(w, s, Status.ROUND_ABORTED, r)],
-                                   OP_NAMES[Op.SUM])
+                close(src)
         return self.stats
+
+    def _receive(self, raw: torch.Tensor, src: int, open_workers: set[int], seq: int,
+                 round_: int, rounds: dict) -> tuple[Header, Payload]:
+        """Check the header `raw` from `src` and receive its payload; ProtocolError on
+        anything it does not understand or cannot trust."""
+        if src not in self.workers:
+            raise ProtocolError(f"refused header from rank {src}: field 'sender' = "
+                                f"{src}: not a worker of this server {self.workers}",
+                                peer=src, field="sender", value=src)
+        header = decode(raw, src)
+        if src not in open_workers:
+            raise ProtocolError(f"refused header from rank {src}: field 'op' = "
+                                f"{header.op}: request after BYE", peer=src,
+                                field="op", value=header.op)
+        if header.seq != seq:
+            raise ProtocolError(
+                f"refused header from rank {src}: field 'seq' = {header.seq}: "
+                f"expected {seq}", peer=src, field="seq", value=header.seq)
+        if self.numel is not None and (header.numel > self.numel or (
+                header.op == Op.PUSH_PULL and header.numel != self.numel)):
+            raise ProtocolError(
+                f"refused header from rank {src}: field 'numel' = {header.numel}: this "
+                f"server holds {self.numel} elements (a push must have that many, a sum "
+                f"at most)", peer=src, field="numel", value=header.numel)
+        if header.op == Op.SUM:
+            self._check_sum(header, round_, rounds)
+        op = OP_NAMES[Op(header.op)]
+        meter.add(op, 0, HEADER_BYTES)
+        self.stats.bytes_recv += HEADER_BYTES
+        bufs, payload = receive_buffers(header)
+        # (More bytes than announced cannot be refused here: gloo aborts the process.)
+        self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
+        values = payload.values if isinstance(payload, SparseMessage) else payload
+        if values is not None and not bool(torch.isfinite(values).all()):
+            # receive_buffers fills with NaN: a payload shorter than announced shows here too
+            raise ProtocolError(f"refused payload from rank {src}: non-finite values, or "
+                                f"fewer than the {header.nnz} its header announced",
+                                peer=src, field="payload")
+        if isinstance(payload, SparseMessage) and payload.nnz:
+            lo, hi = int(payload.indices.min()), int(payload.indices.max())
+            if lo < 0 or hi >= payload.numel:
+                raise ProtocolError(
+                    f"refused payload from rank {src}: sparse indices span [{lo}, {hi}] "
+                    f"outside [0, numel={payload.numel})", peer=src, field="payload",
+                    value=lo if lo < 0 else hi)
+        return header, payload
 
     def _check_sum(self, header: Header, expected_round: int,
                    rounds: dict[int, dict[int, tuple[int, torch.Tensor]]]) -> None:

@@ -88,6 +88,7 @@ class Status(enum.IntEnum):
     BAD_HEADER = 1      # detail = Field index
     RULE_FAILED = 2     # the server's rule raised
     ROUND_ABORTED = 3   # a worker closed before a SUM round completed; detail = round
+    BAD_PAYLOAD = 4     # non-finite values, or not the size its header announced
 
 
 DTYPE_CODES: dict[int, torch.dtype] = {
@@ -194,15 +195,19 @@ def payload_tensors(payload: Payload) -> list[torch.Tensor]:
 
 
 def receive_buffers(header: Header) -> tuple[list[torch.Tensor], Payload]:
-    """Buffers to receive ``header``'s payload into, and the payload they will form."""
+    """Buffers to receive ``header``'s payload into, and the payload they will form.
+
+    Values start as NaN and indices as -1, so a payload shorter than its header announced
+    (gloo accepts one) shows as non-finite values or a negative index, never as leftover
+    memory."""
     if header.kind == Kind.EMPTY:
         return [], None
     dtype = DTYPE_CODES[header.dtype]
     if header.kind == Kind.DENSE:
-        t = torch.empty(header.numel, dtype=dtype)
+        t = torch.full((header.numel,), float("nan"), dtype=dtype)
         return [t], t
-    idx = torch.empty(header.nnz, dtype=INDEX_DTYPE)
-    val = torch.empty(header.nnz, dtype=dtype)
+    idx = torch.full((header.nnz,), -1, dtype=INDEX_DTYPE)
+    val = torch.full((header.nnz,), float("nan"), dtype=dtype)
     return [idx, val], SparseMessage(idx, val, header.numel)
 
 

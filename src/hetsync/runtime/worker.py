@@ -173,12 +173,17 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
     weights = flatten(params).float().cpu()
     rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options(), Layout.of(params))
             if cfg.spec.server_rule is not None else None)
-    server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout)
+    server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout,
+                             numel=weights.numel())
     start = time.perf_counter()
-    server.serve()
+    stats = server.serve()
     sent, recv = meter.totals()
+    for refusal in stats.refused:
+        print(f"parameter server: {refusal['error']}; rank {refusal['rank']} is served no "
+              f"more", file=sys.stderr, flush=True)
     with JsonlWriter(run_dir / "ps.jsonl") as out:
-        out.write({"t": time.perf_counter() - start, "bytes_sent": sent, "bytes_recv": recv})
+        out.write({"t": time.perf_counter() - start, "bytes_sent": sent, "bytes_recv": recv,
+                   "refused": stats.refused})
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
