@@ -29,22 +29,43 @@ def _progress_printer(stream=sys.stdout):
 def cmd_launch(args) -> int:
     from hetsync.runtime.launcher import launch
 
-    cfg = config_from_args(args, LAUNCH_DEFAULTS)
-    launch(cfg, show_progress=not args.quiet, figures=not args.no_figures)
+    base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
+    cfg = config_from_args(args, base)
+    launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
+           resume=args.resume)
     return 0
+
+
+def _resumed_config(run_dir: str) -> Config:
+    """The config a run directory was started with (`--resume`); flags given override it."""
+    from pathlib import Path
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.json there; expected the run "
+                          f"directory of an earlier `hetsync launch` or `worker`")
+    return Config.load(path)
 
 
 def cmd_worker(args) -> int:
     from hetsync.runtime.worker import run_process
 
-    base = Config.load(args.config) if args.config else WORKER_DEFAULTS
+    if args.resume:
+        if args.run_dir is not None and args.run_dir != args.resume:
+            raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume}: give one "
+                              f"(--resume continues that run directory)")
+        args.run_dir = args.resume
+    base = (Config.load(args.config) if args.config else
+            _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
     cfg = config_from_args(args, base)
     if cfg.bandwidth is not None and args.run_dir is None:
         print(f"hetsync worker: note: --bandwidth {cfg.bandwidth} is ignored here: launch and "
               f"bench make the emulated hosts; this worker uses the network it runs on",
               file=sys.stderr)
-    run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer())
-    if args.run_dir is None and cfg.workers == 1:  # a standalone run: summarise it too
+    standalone = (args.run_dir is None or args.resume) and cfg.workers == 1
+    run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer(),
+                          resume=bool(args.resume))
+    if standalone:  # a standalone run: summarise it too
         from hetsync.runtime.launcher import finish_run
 
         finish_run(run_dir, figures=not args.no_figures)
@@ -128,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(p, LAUNCH_DEFAULTS)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last "
+                   "checkpoint (its config; flags given override it, e.g. --time-budget)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
@@ -137,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a config.json to start from (flags given override it)")
     p.add_argument("--run-dir", help="write into this run directory (default: LOG_DIR/RUN_NAME)")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue that run directory from its "
+                   "last checkpoint (config: its config.json unless --config)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")
@@ -212,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         from hetsync.state.server import ServerConfigError
         from hetsync.telemetry.runlog import RunLogError
 
+        from hetsync.runtime.checkpoint import CheckpointError
+
         if isinstance(err, (LaunchError, StateServerError, ServerConfigError, RunLogError,
-                            FileNotFoundError)):
+                            CheckpointError, FileNotFoundError)):
             print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
             return 1
         raise

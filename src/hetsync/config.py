@@ -67,6 +67,9 @@ class Config:
                 "pausing the cluster; always at once with --target-acc)"})
     eval_interval: float = field(default=5.0, metadata={"flags": ("--eval-interval",),
                                  "help": "evaluate every S seconds of training time"})
+    checkpoint_every: int = field(default=6, metadata={"flags": ("--checkpoint-every",),
+        "help": "write a checkpoint into the run directory at every N-th evaluation and at "
+                "the end (0: none); `--resume RUN_DIR` continues from the last"})
     split_by_class: bool = field(default=False, metadata={"flags": ("-s", "--split-by-class"),
                                  "help": "non-iid: contiguous class blocks per worker (0/1)"})
     partition: str = field(default="iid", metadata={"flags": ("--partition",),
@@ -208,6 +211,8 @@ class Config:
             raise bad("eval_every", "an integer >= 0 (0: use --eval-interval)")
         if not 0 < self.eval_interval < math.inf:
             raise bad("eval_interval", "a finite number of seconds > 0")
+        if self.checkpoint_every < 0:
+            raise bad("checkpoint_every", "an integer >= 0 (0: no checkpoints)")
         if self.workers < 1:
             raise bad("workers", "an integer >= 1")
         if spec.max_workers is not None and self.workers > spec.max_workers:

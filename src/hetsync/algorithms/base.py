@@ -219,6 +219,10 @@ class Mode:
         """Do what `decide` said: the local update and the communication it needs."""
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Complete what is in flight (a background aggregation), so that `state_dict` is
+        whole; the loop calls it before a checkpoint. Nothing, for most modes."""
+
     def finish(self) -> None:
         """Called once after the last step: apply what is in flight, say goodbye to the
         parameter server, if any."""

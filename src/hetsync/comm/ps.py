@@ -35,14 +35,13 @@ import threading
 from typing import Iterable, Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 
 from . import meter, p2p
 from .errors import CommError, CommTimeoutError, ProtocolError
 from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
-from .wire import (HEADER_BYTES, HEADER_LEN, Field, Header, Kind, Op, Payload,
+from .wire import (HEADER_BYTES, HEADER_LEN, Field, Header, Op, Payload,
                    SparseMessage, Status, decode, describe, payload_tensors, receive_buffers)
 
 TAG_REQUEST = 0x4854

@@ -56,6 +56,9 @@ class InjectingSampler:
         return np.concatenate([self.rng.choice(self.by_class[c], size=self.per_class)
                                for c in chosen]).astype(np.int64)
 
+    def resume_at(self, epoch: int, batch: int) -> None:
+        self.sampler.resume_at(epoch, batch)
+
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         for epoch, idx in self.sampler:
             yield epoch, np.concatenate([idx, self.extra()])

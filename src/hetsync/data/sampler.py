@@ -93,8 +93,19 @@ class ShardSampler:
         b = self.batch_size
         return [order[i * b : (i + 1) * b] for i in range(self.batches_per_epoch)]
 
+    def resume_at(self, epoch: int, batch: int) -> None:
+        """Make the next iteration start at batch ``batch`` of epoch ``epoch`` (a checkpoint's
+        data position: the batches before it were already trained on)."""
+        if epoch < 0 or batch < 0:
+            raise ValueError(f"position must be non-negative, got epoch {epoch} batch {batch}")
+        self.start = (int(epoch), int(batch))
+
+    start: tuple[int, int] = (0, 0)
+
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield ``(epoch, batch_indices)`` forever: epoch 0's batches, then epoch 1's, ..."""
-        for e in itertools.count():
-            for batch in self.epoch(e):
+        """Yield ``(epoch, batch_indices)`` forever: epoch 0's batches, then epoch 1's, ...
+        (from ``start``)."""
+        first, skip = self.start
+        for e in itertools.count(first):
+            for batch in self.epoch(e)[skip if e == first else 0:]:
                 yield e, batch

@@ -80,8 +80,8 @@ class Cluster:
     #: The module every child runs as `python -m MODULE ARGS...` (a subclass may start another).
     module = "hetsync"
 
-    def __init__(self, cfg: Config, run_dir: Path, network=None):
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False):
+        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -95,7 +95,7 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
                host: int | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "w")
+        log = open(self.logs / f"{name}.log", "a" if self.resume else "w")
         argv = [sys.executable, "-m", self.module, *args]
         if host is not None:
             argv = self.network.command(host, argv)
@@ -148,7 +148,8 @@ class Cluster:
         net = self.network
         for rank in range(world):
             name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
-            args = ["worker", "--config", str(config_path), "--run-dir", str(self.run_dir)]
+            args = ["worker", "--config", str(config_path),
+                    "--resume" if self.resume else "--run-dir", str(self.run_dir)]
             if self.state_port is not None:
                 args += ["-port", str(self.state_port)]
             env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
@@ -215,20 +216,27 @@ def open_network(cfg: Config):
 
 
 def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
-           stream=sys.stdout) -> Path:
-    """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure."""
+           stream=sys.stdout, resume: str | Path | None = None) -> Path:
+    """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure.
+    `resume`: a run directory to continue from its last checkpoint (`checkpoint.py`)."""
     cfg.validate()
+    if resume is not None:
+        from hetsync.runtime import checkpoint
+
+        if not checkpoint.indices(resume):
+            raise ConfigError(f"--resume {resume}: no checkpoints there (written every "
+                              f"--checkpoint-every evaluations and at the end)")
     network = open_network(cfg)
     if network is not None:  # the state server listens on the bridge, which every host reaches
         cfg = dataclasses.replace(cfg, state_ip=network.bridge_address)
     try:
-        cfg, run_dir = prepare_run_dir(cfg)
+        cfg, run_dir = (cfg, Path(resume)) if resume is not None else prepare_run_dir(cfg)
     except BaseException:
         if network is not None:
             network.close()
         raise
     cfg.save(run_dir / "config.json")
-    cluster = Cluster(cfg, run_dir, network)
+    cluster = Cluster(cfg, run_dir, network, resume=resume is not None)
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -245,9 +253,13 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 name, code = failure
                 progress.close()
                 cluster.stop()
+                from hetsync.runtime import checkpoint
+
+                again = (f"\nTo continue from its last checkpoint: hetsync launch --resume "
+                         f"{run_dir}" if checkpoint.indices(run_dir) else "")
                 raise LaunchError(f"{name} exited with code {code}; the others were stopped. "
                                   f"Its log ({cluster.logs / (name + '.log')}) ends with:\n"
-                                  f"{_tail(cluster.logs / (name + '.log'))}")
+                                  f"{_tail(cluster.logs / (name + '.log'))}{again}")
             if cluster.done():
                 break
             progress.update()

@@ -13,7 +13,8 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
 5. `mode.apply(action)`: the local update and the mode's communication;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
    samples seen, evaluation (on rank 0, of the global model; in collective modes every worker
-   pauses for it), stop.
+   pauses for it), stop; at every `--checkpoint-every`-th evaluation and at the stop, each
+   worker writes its checkpoint after the round's record (`checkpoint.py`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
@@ -97,7 +98,7 @@ class TrainingLoop:
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
                  device: torch.device, recorder, eval_recorder=None, store=None,
-                 progress=None):
+                 progress=None, checkpointer=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
         self.batches, self.train_set, self.test_set = batches, train_set, test_set
         self.device = device
@@ -118,6 +119,14 @@ class TrainingLoop:
         #: accuracy must be known at once to stop)
         self.deferred = cfg.deferred_eval and cfg.target_acc is None
         self._snapshots: list[tuple[dict, dict]] = []  # (record stamp, CPU state_dict)
+        self.checkpointer = checkpointer
+        self._evaluations = 0                  # agreed evaluations so far (all ranks alike)
+        self._checkpoint_due = False
+        self._global_state: dict | None = None  # rank 0: the global model at the due point
+        self._position = (0, 0)                 # data position: (epoch, batches of it taken)
+        self._last_recorded = 0
+        self._restored: dict | None = None
+        self._next_checkpoint = cfg.checkpoint_every * cfg.eval_interval  # (async, rank > 0)
 
     @property
     def pauses_everyone(self) -> bool:
@@ -155,12 +164,16 @@ class TrainingLoop:
             stamp = {"t": start - st.t0, "train_time": train_time,
                      "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
+                state = None
+                if self.deferred or self._checkpoint_due:
+                    state = {k: v.detach().to("cpu", copy=True)
+                             for k, v in self.mode.model.state_dict().items()}
                 if self.deferred:
-                    state = self.mode.model.state_dict()
-                    self._snapshots.append(
-                        (stamp, {k: v.detach().to("cpu", copy=True) for k, v in state.items()}))
+                    self._snapshots.append((stamp, state))
                 else:
                     result = evaluate(self.mode.model, self.test_set, self.device)
+                if self._checkpoint_due:
+                    self._global_state = state
             st.last_eval_train_time = train_time
             if not self.deferred:
                 st.last_acc = result.test_acc
@@ -201,9 +214,23 @@ class TrainingLoop:
         if agreement is None:
             return False
         st.samples_seen = agreement.samples_seen
+        self._evaluations += agreement.evaluate
+        self._checkpoint_due = self._checkpoint_due or (
+            self.checkpointer is not None and self._checkpoint_now(st, agreement))
         if agreement.evaluate:
             self._evaluate(st)
         return agreement.stop
+
+    def _checkpoint_now(self, st: LoopState, agreement: Agreement) -> bool:
+        """At the stop, and at every `--checkpoint-every`-th agreed evaluation — or, for the
+        workers of an asynchronous mode, which take part in none, every as many
+        `--eval-interval`s of their own training time."""
+        every = self.cfg.checkpoint_every
+        if agreement.stop:
+            return True
+        if self.path is ControlPath.STORE and self.rank != 0:
+            return every > 0 and st.train_time(time.perf_counter()) >= self._next_checkpoint
+        return agreement.evaluate and every > 0 and self._evaluations % every == 0
 
     def _background_agreement(self, st: LoopState, wait: bool) -> bool:
         """Act on the last proposal's sum from the channel once it is in (`wait`: block for
@@ -240,14 +267,64 @@ class TrainingLoop:
             return self.control.exchange(proposal)
 
     # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ checkpoints
+    def restore(self, checkpoint: dict) -> None:
+        """Continue from `checkpoint` (this rank's, loaded by `checkpoint.py`): the loop's
+        counters and data position; the model, optimizer and mode were restored before."""
+        self._restored = checkpoint
+        self._evaluations = int(checkpoint["loop"]["evaluations"])
+        self._next_checkpoint = checkpoint["loop"]["train_time"] + (
+            self.cfg.checkpoint_every * self.cfg.eval_interval)
+        self._last_recorded = int(checkpoint["recorded_round"])
+        epoch, batch = checkpoint["data"]["epoch"], checkpoint["data"]["batch"]
+        self.batches.resume_at(epoch, batch)
+        self._position = (epoch, batch)
+
+    def _write_checkpoint(self, st: LoopState, recorded: int | None = None) -> None:
+        if self.rank == 0 and self._snapshots:
+            # Deferred snapshots die with the process: evaluate them now, so that a resumed
+            # run's curve has no gap (evaluation time, kept out of the training time).
+            start = time.perf_counter()
+            self.evaluate_snapshots()
+            st.eval_total += time.perf_counter() - start
+        self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
+        now = time.perf_counter()
+        state = {"round": self.mode.round,
+                 "recorded_round": self._last_recorded if recorded is None else recorded,
+                 "mode_name": self.cfg.effective_mode,
+                 "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
+                 "data": {"epoch": self._position[0], "batch": self._position[1]},
+                 "loop": {"t": now - st.t0, "eval_total": st.eval_total,
+                          "train_time": st.train_time(now), "samples_seen": st.samples_seen,
+                          "last_eval_train_time": st.last_eval_train_time,
+                          "last_acc": st.last_acc, "evaluations": self._evaluations}}
+        if self.rank == 0:
+            if self._global_state is None:  # (every due point of rank 0 is an evaluation)
+                raise RuntimeError("rank 0's checkpoint has no global model")
+            state["global"] = self._global_state
+        self.checkpointer.write(state)
+        self._checkpoint_due, self._global_state = False, None
+        self._next_checkpoint = state["loop"]["train_time"] + (
+            self.cfg.checkpoint_every * self.cfg.eval_interval)
+
+    def _loop_state(self, t0: float) -> LoopState:
+        if self._restored is None:
+            return LoopState(t0=t0)
+        loop = self._restored["loop"]  # the clock goes on from the checkpoint's
+        return LoopState(t0=t0 - loop["t"], eval_total=loop["eval_total"],
+                         last_eval_train_time=loop["last_eval_train_time"],
+                         last_acc=loop["last_acc"], samples_seen=loop["samples_seen"])
+
     def run(self, t0: float) -> LoopState:
         mode, comm = self.mode, self.mode.comm
         timer = comm.timer
-        st = LoopState(t0=t0)
+        st = self._loop_state(t0)
         mode.module.train()
         rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
         comm.clock.take()
         for epoch, idx in self.batches:
+            self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
+                              else (epoch, 1))
             started, waited = timer.begin(), comm.clock.total()
             x, y = self.train_set.batch(idx)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -288,14 +365,19 @@ class TrainingLoop:
             # ---- the round ends: the agreement's other half, the record, acting on it
             agreement = self._after_apply(st, rnd, agreement)
             stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
+            if self._checkpoint_due:  # before the record: its time is this round's eval_s
+                self._write_checkpoint(st, recorded=finished_round)
             self._record(finished_round, rnd, st, epoch)
             rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
             if stop:
                 break
         mode.finish()
+        if self._checkpoint_due:  # a stop agreed mid-round (background, store)
+            self._write_checkpoint(st)
         return st
 
     def _record(self, round_: int, rnd: _Round, st: LoopState, epoch: int) -> None:
+        self._last_recorded = round_
         spent = self.mode.comm.clock.take()
         sent, recv = _meter_totals()
         self.recorder.write({

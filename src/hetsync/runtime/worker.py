@@ -23,6 +23,7 @@ from hetsync.algorithms.base import flatten
 from hetsync.algorithms.registry import build_server_rule
 from hetsync.compression import Layout
 from hetsync.config import Config, ConfigError
+from hetsync.runtime import checkpoint
 from hetsync.runtime.assembly import assemble, device_label
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
@@ -56,8 +57,10 @@ def default_run_name(cfg: Config) -> str:
     return f"{cfg.effective_mode}-{cfg.network}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None) -> Path:
-    """Run this process's part of the run (worker or parameter server); returns the run dir."""
+def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
+                resume: bool = False) -> Path:
+    """Run this process's part of the run (worker or parameter server); returns the run dir.
+    `resume`: continue `run_dir` from its last checkpoint (`checkpoint.py`)."""
     cfg.validate()
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if world != cfg.world_size:
@@ -73,13 +76,14 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None) -
             "HETSYNC_BACKEND", "gloo") == "nccl" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
-        return _run(cfg, rank, world, device, run_dir, progress)
+        return _run(cfg, rank, world, device, run_dir, progress, resume)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress) -> Path:
+def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
+         resume: bool) -> Path:
     from hetsync.comm import set_default_timeout
     from hetsync.data import ShardSampler, load_dataset, partition
     from hetsync.models import build_model
@@ -101,9 +105,12 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     group, channel_group = ((dist.new_group(workers), dist.new_group(workers)) if world > 1
                             else (None, None))
 
+    own, index = _find_checkpoint(cfg, rank, run_dir, is_server) if resume else (None, None)
     data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
     model = build_model(cfg.network, data.input_shape, data.num_classes).to(device)
+    if index is not None:  # every process starts from rank 0's global model
+        model.load_state_dict(checkpoint.load(checkpoint.file_of(run_dir, index, 0))["global"])
 
     if is_server:
         _serve_parameters(cfg, model, run_dir)
@@ -127,20 +134,34 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank))
     mode = assembly.mode
+    if own is not None:
+        optimizer.load_state_dict(own["optimizer"])
+        mode.load_state_dict(own["mode"])
+        _cut_logs(run_dir, rank, own)
     store = dist.distributed_c10d._get_default_store() if world > 1 else None
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
+    checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
+                    if cfg.checkpoint_every > 0 else None)
     try:
         with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
                                 test_set=data.test, device=device, recorder=recorder,
-                                eval_recorder=eval_recorder, store=store, progress=progress)
-            loop.evaluate_initial(0.0)
+                                eval_recorder=eval_recorder, store=store, progress=progress,
+                                checkpointer=checkpointer)
+            if own is None:
+                loop.evaluate_initial(0.0)
+            else:
+                loop.restore(own)
             if world > 1:  # the workers start their clocks together (no synchronised clocks)
                 dist.barrier(group=group)
             t0 = time.perf_counter()
-            start_time = time.time()
+            # a resumed run keeps its start: its records' times go on from the checkpoint's
+            start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)
             info = dict(cfg=cfg, name=name, world=world, ranks=ranks, start_time=start_time,
                         mode_info=mode.describe())
+            if own is not None:
+                info["resumed_from"] = {"checkpoint": index, "round": own["round"],
+                                        "train_time": own["loop"]["train_time"]}
             if rank == 0:
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
             state = loop.run(t0)
@@ -163,6 +184,38 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         if eval_recorder is not None:
             eval_recorder.close()
     return run_dir
+
+
+def _find_checkpoint(cfg: Config, rank: int, run_dir: Path,
+                     is_server: bool) -> tuple[dict | None, int]:
+    """(this worker's checkpoint, the index whose rank-0 global model every process starts
+    from); the choice is agreed through one all-gather of what each worker can load."""
+    from hetsync.algorithms.base import ControlPath
+
+    mine = [] if is_server else checkpoint.loadable(run_dir, rank)
+    lists = [json.loads(t) for t in gather_texts(json.dumps(mine))][:cfg.workers]
+    collective = cfg.spec.worker.control is not ControlPath.STORE
+    chosen = [checkpoint.choose(lists, r, collective) for r in range(cfg.workers)]
+    if any(c is None for c in chosen):
+        who = ("that every worker can load" if collective else
+               f"of rank {chosen.index(None)} that loads")
+        raise checkpoint.CheckpointError(
+            f"--resume {run_dir}: no checkpoint {who} in {Path(run_dir) / checkpoint.DIR}")
+    own = None if is_server else checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
+    if rank == 0:
+        print(f"resuming from checkpoint {chosen[0]}: round {own['round']}, training time "
+              f"{own['loop']['train_time']:.1f} s", file=sys.stderr, flush=True)
+    return own, chosen[0]
+
+
+def _cut_logs(run_dir: Path, rank: int, own: dict) -> None:
+    """Drop the records written after this rank's checkpoint (that work is being redone)."""
+    last = own["recorded_round"]
+    checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", lambda r: r.get("round", 0) <= last)
+    if rank == 0:
+        until = own["loop"]["train_time"] + 1e-6
+        checkpoint.cut_jsonl(run_dir / "eval.jsonl",
+                             lambda r: (r.get("train_time") or 0.0) <= until)
 
 
 def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:

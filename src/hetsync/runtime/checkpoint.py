@@ -1,0 +1,173 @@
+"""Checkpoints of a run, and resuming from them.
+
+What a checkpoint holds (one file per worker, `RUN_DIR/checkpoints/NNNNNN/rank-R.pt`):
+
+1. rank 0's file: the **global model** (what evaluation sees, the parameter server's weights in
+   the asynchronous modes), the loop's counters (elapsed and training time, samples seen, the
+   last evaluation) and the last round recorded;
+2. every worker's file: its optimizer's state, its mode's `state_dict` (round counter, outer
+   optimizer, sparse memories, ...), and its data position (epoch, batch).
+
+When: at every `--checkpoint-every`-th agreed evaluation and at the agreed stop, after the
+round's record, so every worker of a collective mode writes at the same round. Each file is
+written to a temporary name, fsynced and renamed (then the directory fsynced): a crash leaves
+the previous checkpoint whole. The last `KEEP` checkpoints are kept.
+
+Resuming (`launch --resume RUN_DIR`, `worker --resume`): each rank lists the checkpoints whose
+file of its own loads (`torch.load(weights_only=True)`; a corrupt or truncated one is reported
+and skipped); a collective mode takes the newest that every worker can load, an asynchronous
+one each worker's newest. Every worker — and the parameter server — starts from rank 0's
+global model of that checkpoint, then loads its own optimizer, mode state and data position.
+The run's logs are cut back to the checkpoint (records after it are dropped) and appended to,
+so the curves continue.
+
+An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
+it is in the checkpoint. Where hetsync departs from a bit-exact restart: every worker restarts
+from the global model, not from its own local model; a parameter server's rule restarts from
+the global weights (DC-ASGD's backups and DGS's per-worker snapshots are rebuilt as at a start);
+SelSync's injected samples are drawn afresh; at a checkpoint rank 0 evaluates the deferred
+snapshots taken since the last (they would die with the process), which the other workers of a
+collective mode see as waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VERSION = 1
+KEEP = 2
+DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint (one line saying where and why)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(path: Path, state: dict[str, Any]) -> None:
+    """torch.save to a temporary file beside `path`, fsync, rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint file's contents (tensors on the CPU); CheckpointError if it cannot be."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt, or not a checkpoint at all
+        raise CheckpointError(f"{path}: cannot be loaded ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
+    if not isinstance(state, dict) or state.get("version") != VERSION:
+        raise CheckpointError(f"{path}: not a hetsync checkpoint of version {VERSION}")
+    return state
+
+
+def file_of(run_dir: Path, index: int, rank: int) -> Path:
+    return Path(run_dir) / DIR / f"{index:06d}" / f"rank-{rank}.pt"
+
+
+def indices(run_dir: Path) -> list[int]:
+    """The checkpoint indices present in `run_dir`, newest first."""
+    root = Path(run_dir) / DIR
+    if not root.is_dir():
+        return []
+    return sorted((int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit()),
+                  reverse=True)
+
+
+def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
+    """The indices whose file of `rank` loads, newest first; each that does not is reported."""
+    ok = []
+    for index in indices(run_dir):
+        path = file_of(run_dir, index, rank)
+        if not path.exists():
+            continue
+        try:
+            load(path)
+        except CheckpointError as err:
+            print(f"rank {rank}: skipping checkpoint {index}: {err}",
+                  file=stream or sys.stderr, flush=True)
+            continue
+        ok.append(index)
+    return ok
+
+
+def choose(per_rank: list[list[int]], rank: int, collective: bool) -> int | None:
+    """The checkpoint `rank` resumes from: in a collective mode the newest every worker can
+    load (they must agree on the round), else its own newest. None: there is none."""
+    if collective:
+        common = set(per_rank[0]).intersection(*map(set, per_rank[1:]))
+        return max(common) if common else None
+    return per_rank[rank][0] if per_rank[rank] else None
+
+
+class Checkpointer:
+    """Writes this rank's checkpoints into `run_dir`, numbering them 1, 2, ... (continuing
+    after `start` on a resumed run) and keeping the last `keep`."""
+
+    def __init__(self, run_dir: Path, rank: int, start: int = 0, keep: int = KEEP):
+        self.run_dir, self.rank, self.index, self.keep = Path(run_dir), rank, start, keep
+
+    def write(self, state: dict[str, Any]) -> Path:
+        self.index += 1
+        path = file_of(self.run_dir, self.index, self.rank)
+        save_atomic(path, {"version": VERSION, "index": self.index, "rank": self.rank, **state})
+        mine = [i for i in indices(self.run_dir) if file_of(self.run_dir, i, self.rank).exists()]
+        for old in mine[self.keep:]:  # (ranks of an asynchronous mode number apart)
+            stale = file_of(self.run_dir, old, self.rank)
+            stale.unlink()
+            try:
+                stale.parent.rmdir()  # the last rank out removes the directory
+            except OSError:
+                pass
+        return path
+
+
+def cut_jsonl(path: Path, keep) -> int:
+    """Rewrite the JSON-lines file `path` (atomically) with only the records `keep(record)`
+    accepts, dropping any partial line; how many were dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            dropped += 1
+            continue
+        if keep(record):
+            kept.append(line)
+        else:
+            dropped += 1
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(line + "\n" for line in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return dropped

@@ -1,0 +1,179 @@
+"""Checkpoints: atomic files that load with weights_only, a corrupt one skipped for the one
+before, and runs killed with SIGKILL that resume from their last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetsync.runtime import checkpoint
+
+
+def _state(value: float) -> dict:
+    return {"global": {"w": torch.full((3,), value)}, "round": int(value),
+            "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+            "mode": {"round": int(value)}, "data": {"epoch": 0, "batch": 1},
+            "loop": {"t": 1.0, "train_time": 1.0}}
+
+
+def test_a_checkpoint_round_trips_with_weights_only(tmp_path):
+    ck = checkpoint.Checkpointer(tmp_path, rank=0)
+    path = ck.write(_state(4.0))
+    loaded = checkpoint.load(path)
+    assert loaded["index"] == 1 and loaded["round"] == 4
+    torch.testing.assert_close(loaded["global"]["w"], torch.full((3,), 4.0))
+    assert not list(path.parent.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_only_the_last_checkpoints_are_kept(tmp_path):
+    ck = checkpoint.Checkpointer(tmp_path, rank=0, keep=2)
+    for v in range(5):
+        ck.write(_state(float(v)))
+    assert checkpoint.indices(tmp_path) == [5, 4]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "pickle"])
+def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tmp_path, damage, capsys):
+    ck = checkpoint.Checkpointer(tmp_path, rank=0)
+    ck.write(_state(1.0))
+    newest = ck.write(_state(2.0))
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        newest.write_bytes(b"\x00not a checkpoint" * 10)
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    else:  # a pickle that would run code if loaded without weights_only
+        import pickle
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+        newest.write_bytes(pickle.dumps({"version": 1, "x": Evil()}))
+    assert checkpoint.loadable(tmp_path, rank=0) == [1]
+    err = capsys.readouterr().err
+    assert "skipping checkpoint 2" in err and str(newest) in err
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_collective_modes_resume_where_every_worker_can():
+    assert checkpoint.choose([[5, 4], [4, 3]], 0, collective=True) == 4
+    assert checkpoint.choose([[5, 4], [4, 3]], 1, collective=True) == 4
+    assert checkpoint.choose([[5, 4], [4, 3]], 0, collective=False) == 5
+    assert checkpoint.choose([[5], [4]], 1, collective=True) is None
+
+
+def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
+    path = tmp_path / "worker-0.jsonl"
+    path.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 6)) + '{"round": 6, "tr')
+    assert checkpoint.cut_jsonl(path, lambda r: r["round"] <= 3) == 3
+    assert [json.loads(line)["round"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_resuming_a_directory_without_checkpoints_is_one_line(tmp_path, capsys):
+    from hetsync.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["launch", "--resume", str(run)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json" in err[0] and str(run) in err[0]
+
+
+# ------------------------------------------------------------------ kill -9, then resume
+def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
+    """The process of `rank` of the run writing into `run_dir` (its environment says RANK)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in cmd and str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def _evals(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+
+
+FAMILIES = {  # mode, extra flags: a collective mode, ESync (state server), a parameter server
+    "sync": ["-m", "sync"],
+    "esync": ["-m", "esync"],
+    "async": ["-m", "async"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path, family):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hetsync", "launch", *FAMILIES[family], "--workers", "2",
+           "--slowdowns", "1,2", "--time-budget", "8", "--eval-interval", "0.5",
+           "--checkpoint-every", "2", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+           "--no-figures", "--timeout", "30"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # kill rank 1 at a random moment once both workers wrote a checkpoint
+    deadline = time.monotonic() + 120
+    while (not all(any(run.glob(f"checkpoints/*/rank-{r}.pt")) for r in (0, 1))
+           and proc.poll() is None and time.monotonic() < deadline):
+        time.sleep(0.1)
+    time.sleep(float(torch.rand(()) * 1.5))
+    pid = _pid_of_rank(run, 1)
+    assert pid is not None, "rank 1 is not running"
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    stopped_in = time.monotonic() - killed
+    assert proc.returncode != 0 and "rank-1 exited with code -9" in out
+    assert f"hetsync launch --resume {run}" in out
+    assert stopped_in < 30  # nobody waits for the dead peer past the timeout
+    # the run directory is intact: every record line parses, the checkpoints load
+    for path in run.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            json.loads(line)
+    for rank in (0, 1):  # (in async modes each worker checkpoints on its own schedule)
+        assert checkpoint.loadable(run, rank), f"rank {rank} has no loadable checkpoint"
+    newest = checkpoint.loadable(run, 0)[0]
+    at_checkpoint = checkpoint.load(checkpoint.file_of(run, newest, 0))["loop"]["train_time"]
+
+    resumed = subprocess.run([sys.executable, "-m", "hetsync", "launch", "--resume", str(run),
+                              "--quiet", "--no-figures"], capture_output=True, text=True,
+                             timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    evals = _evals(run)
+    times = [e["train_time"] for e in evals]
+    assert times == sorted(times) and times[-1] >= 8.0  # one curve, on to the budget
+    assert any(abs(t - at_checkpoint) < 1.0 for t in times)  # it went on from the checkpoint
+    rounds = [json.loads(line)["round"] for line in (run / "worker-0.jsonl").read_text().splitlines()]
+    assert rounds == sorted(set(rounds))  # no round recorded twice
+    assert evals[-1]["test_acc"] >= 0.70  # an uninterrupted 8 s run of this size: 0.78-0.82
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"])
+    assert summary["complete"]
+
+
+def test_the_data_position_resumes_at_the_next_batch():
+    import numpy as np
+
+    from hetsync.data import ShardSampler
+
+    sampler = ShardSampler(np.arange(20), batch_size=4, seed=3)
+    stream = iter(sampler)
+    taken = [next(stream) for _ in range(7)]  # epoch 0's 5 batches, then 2 of epoch 1
+    resumed = ShardSampler(np.arange(20), batch_size=4, seed=3)
+    resumed.resume_at(1, 2)
+    epoch, batch = next(iter(resumed))
+    expected = sampler.epoch(1)[2]
+    assert epoch == 1 and batch.tolist() == expected.tolist()
+    assert taken[-1][1].tolist() == sampler.epoch(1)[1].tolist()
