@@ -146,11 +146,19 @@ def test_fmnist_from_env(tmp_path, monkeypatch, sub):
     assert len(load_dataset("fashion-mnist").train) == 16
 
 
-def test_fmnist_given_dir_without_data_falls_through_to_env(tmp_path, monkeypatch):
-    (tmp_path / "empty").mkdir()
+def test_fmnist_given_dir_without_data_is_refused_not_passed_over(tmp_path, monkeypatch):
+    """A named -dd is the only place searched: an incomplete copy there must not silently
+    give way to another copy in $HETSYNC_DATA or the system folder."""
+    write_fmnist(tmp_path / "dd" / "fashion-mnist")
+    os.remove(tmp_path / "dd" / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz")
     write_fmnist(tmp_path / "env" / "fashion-mnist", n_train=18)
+    write_fmnist(tmp_path / "system-fmnist", n_train=22)
     monkeypatch.setenv("HETSYNC_DATA", str(tmp_path / "env"))
-    assert len(load_dataset("fashion-mnist", tmp_path / "empty").train) == 18
+    with pytest.raises(DataNotFoundError) as info:
+        load_dataset("fashion-mnist", tmp_path / "dd")
+    msg = str(info.value)
+    assert f"{tmp_path / 'dd' / 'fashion-mnist'} (missing t10k-labels-idx1-ubyte(.gz))" in msg
+    assert str(tmp_path / "env") not in msg and "system-fmnist" not in msg and "\n" not in msg
 
 
 def test_fmnist_system_dir_last(tmp_path):
@@ -164,19 +172,17 @@ def test_fmnist_missing_data_dir_is_named(tmp_path):
         load_dataset("fashion-mnist", missing)
 
 
-def test_fmnist_not_found_lists_every_place(tmp_path, monkeypatch):
-    dd = tmp_path / "dd"
-    dd.mkdir()
+def test_fmnist_not_found_lists_every_place_on_one_line(tmp_path, monkeypatch):
     env = tmp_path / "envroot"
     monkeypatch.setenv("HETSYNC_DATA", str(env))
     with pytest.raises(DataNotFoundError) as info:
-        load_dataset("fashion-mnist", dd)
+        load_dataset("fashion-mnist")
     msg = str(info.value)
-    places = [dd / "fashion-mnist", dd, env / "fashion-mnist", env, tmp_path / "system-fmnist"]
-    positions = [msg.index(f"  {p}: ") for p in places]
+    places = [env / "fashion-mnist", env, tmp_path / "system-fmnist"]
+    positions = [msg.index(f"{p} (does not exist)") for p in places]
     assert positions == sorted(positions), msg  # listed in search order
     assert "apt-get install dataset-fashion-mnist" in msg
-    assert "-dd DIR" in msg and "train-images-idx3-ubyte.gz" in msg
+    assert "-dd DIR" in msg and "train-images-idx3-ubyte.gz" in msg and "\n" not in msg
     assert isinstance(info.value, FileNotFoundError)
 
 
@@ -282,9 +288,13 @@ def test_cifar10_not_found_lists_places(tmp_path, monkeypatch):
     with pytest.raises(DataNotFoundError) as info:
         load_dataset("cifar10", tmp_path / "dd")
     msg = str(info.value)
-    for p in [tmp_path / "dd" / "cifar-10-batches-py", tmp_path / "dd", tmp_path / "env" / "cifar-10-batches-py"]:
-        assert f"  {p}: " in msg, msg
+    for p in [tmp_path / "dd" / "cifar-10-batches-py", tmp_path / "dd"]:
+        assert f"{p} (" in msg, msg
+    assert str(tmp_path / "env") not in msg  # a given -dd is the only place searched
     assert "data_batch_1" in msg and "-dd DIR" in msg
+    with pytest.raises(DataNotFoundError) as info:
+        load_dataset("cifar10")
+    assert f"{tmp_path / 'env' / 'cifar-10-batches-py'} (does not exist)" in str(info.value)
 
 
 class _Evil:

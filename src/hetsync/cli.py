@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 import hetsync
-from hetsync.config import (Config, ConfigError, add_config_arguments, config_from_args,
-                            parse_epsilon)
+from hetsync.config import (ArgumentParser, Config, ConfigError, add_config_arguments,
+                            check_host, config_from_args, parse_accuracy,
+                            parse_epsilon_fraction, parse_listen_port, parse_workers,
+                            unwritable_dir)
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer on 4 emulated
 #: workers of speeds 1, 1/2, 1/4, 1/8 (about 1.9 cores of work: it fits a 2-core machine),
@@ -26,11 +29,26 @@ def _progress_printer(stream=sys.stdout):
     return show
 
 
+def preflight(cfg: Config) -> None:
+    """What launch checks before it starts a process, so that a mistake is one line here
+    rather than a worker's error relayed: every flag, the state server's address (it is
+    started on it), the GPU, and the data (found, readable, one batch for every worker)."""
+    from hetsync.data import load_dataset
+    from hetsync.runtime.worker import pick_device
+
+    cfg.validate()
+    if cfg.spec.state_server and cfg.bandwidth is None:  # --bandwidth: the bridge's address
+        check_host("-ip/--state-server-ip", cfg.state_ip, listen=True)
+    pick_device(cfg, local_rank=cfg.world_size - 1)  # -g: the highest device a rank may use
+    cfg.validate_data(load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed))
+
+
 def cmd_launch(args) -> int:
     from hetsync.runtime.launcher import launch
 
     base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
     cfg = config_from_args(args, base)
+    preflight(cfg)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
            resume=args.resume)
     return 0
@@ -57,7 +75,13 @@ def cmd_worker(args) -> int:
         args.run_dir = args.resume
     base = (Config.load(args.config) if args.config else
             _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
-    cfg = config_from_args(args, base)
+    cfg = config_from_args(args, base).validate()
+    if cfg.spec.state_server:
+        check_host("-ip/--state-server-ip", cfg.state_ip)
+    reason = None if args.run_dir is None else unwritable_dir(args.run_dir)
+    if reason is not None:
+        raise ConfigError(f"--run-dir: invalid value {args.run_dir!r}; expected a directory "
+                          f"this process can create or write into ({reason})")
     if cfg.bandwidth is not None and args.run_dir is None:
         print(f"hetsync worker: note: --bandwidth {cfg.bandwidth} is ignored here: launch and "
               f"bench make the emulated hosts; this worker uses the network it runs on",
@@ -75,8 +99,16 @@ def cmd_worker(args) -> int:
 def cmd_state_server(args) -> int:
     from hetsync.state import StateServer
 
-    server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
-                         token=args.token)
+    check_host("--host", args.host, listen=True)
+    try:  # werkzeug prints two lines and exits when the port is taken: ask first
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+            probe.bind((args.host, args.port))
+        server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
+                             token=args.token)
+    except OSError as err:  # the port is taken, or needs privileges
+        raise ConfigError(f"--port: invalid value {args.port}; cannot listen on "
+                          f"{args.host}:{args.port} ({err.strerror or err})") from None
     eps = "auto" if args.epsilon is None else args.epsilon
     print(f"hetsync state server on http://{server.host}:{server.port}/ "
           f"({args.workers} workers, epsilon {eps})", flush=True)
@@ -101,6 +133,10 @@ def cmd_summarize(args) -> int:
 def cmd_plot(args) -> int:
     from hetsync.telemetry.plots import plot_runs
 
+    reason = unwritable_dir(args.output)
+    if reason is not None:
+        raise ConfigError(f"-o/--output: invalid value {args.output!r}; expected a directory "
+                          f"this process can create or write into ({reason})")
     paths = plot_runs(args.run_dirs, args.output, sequential=args.sequential, target=args.target)
     for p in paths:
         print(p)
@@ -137,7 +173,7 @@ def cmd_models(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="hetsync", description="Data-parallel training on heterogeneous clusters: "
         "ESync and the schemes it is measured against.")
     parser.add_argument("--version", action="version", version=f"hetsync {hetsync.__version__}")
@@ -166,19 +202,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    p.add_argument("--port", "-port", type=int, default=10010)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--port", "-port", type=parse_listen_port, default=10010,
+                   help="TCP port, 1..65535, or 0 for any free one (default: 10010)")
+    p.add_argument("--workers", type=parse_workers, default=4,
+                   help="number of workers (default: 4)")
     p.add_argument("--token", default=None,
                    help="shared secret every request must carry (default: $HETSYNC_TOKEN); "
                         "required when --host is not a loopback address")
-    p.add_argument("--epsilon", type=parse_epsilon, default=None,
-                   help="readiness margin as a fraction of the caller's step time, or auto "
-                        "(default; the first worker's /init overrides it)")
+    p.add_argument("--epsilon", type=parse_epsilon_fraction, default=None,
+                   help="readiness margin as a fraction in (-1, 1) of the caller's step time, "
+                        "or auto (default; the first worker's /init overrides it)")
     p.set_defaults(func=cmd_state_server)
 
     p = sub.add_parser("summarize", help="compute a run's figures into summary.json")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--targets", type=float, nargs="+", default=[0.7, 0.8, 0.85, 0.9])
+    p.add_argument("--targets", type=parse_accuracy, nargs="+", default=[0.7, 0.8, 0.85, 0.9],
+                   help="accuracies in (0, 1] for time-to-accuracy (default: 0.7 0.8 0.85 0.9)")
     p.add_argument("--esync-json", action="store_true",
                    help="also write ESync's original summary schema")
     p.set_defaults(func=cmd_summarize)
@@ -187,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("-o", "--output", required=True, help="directory for the PNGs")
     p.add_argument("--sequential", help="a -m local run, drawn dashed as sequential SGD")
-    p.add_argument("--target", type=float, default=0.8, help="accuracy for the speedup figure")
+    p.add_argument("--target", type=parse_accuracy, default=0.8,
+                   help="accuracy in (0, 1] for the speedup figure (default: 0.8)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("bench", help="compare modes side by side (or `bench comm`)",
@@ -240,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         from hetsync.runtime.checkpoint import CheckpointError
 
         if isinstance(err, (LaunchError, StateServerError, ServerConfigError, RunLogError,
-                            CheckpointError, FileNotFoundError)):
+                            CheckpointError, OSError)):
             print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
             return 1
         raise

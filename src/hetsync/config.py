@@ -18,6 +18,8 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import socket
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,18 @@ from typing import Any
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 PARTITIONS = ("iid", "shared", "class", "dirichlet")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
+#: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
+#: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
+#: the launcher and by every worker, possibly on other machines); numpy and torch seeds are
+#: unsigned 32-bit; the state server keeps a record per worker; sleeps and waits overflow
+#: past some 1e9 s (a week is already far beyond any use: MAX_WAIT_S), and a slowdown or
+#: straggler delay beyond 1000x its step is a worker that never steps (MAX_SLOWDOWN).
+MAX_THREADS = 1024
+MAX_SEED = 2**32 - 1
+MAX_WORKERS = 1024  # the state server plans rounds for at most this many
+MAX_WAIT_S = 7 * 24 * 3600.0
+MAX_SLOWDOWN = 1000.0
+PORTS = range(1, 65536)
 
 
 class ConfigError(ValueError):
@@ -182,13 +196,15 @@ class Config:
         from hetsync.models import MODEL_NAMES  # local import: models import torch
 
         def bad(name: str, valid: str) -> ConfigError:
-            flag = "/".join(_field(name).metadata["flags"])
-            return ConfigError(f"{flag}: invalid value {getattr(self, name)!r}; expected {valid}")
+            return invalid_option(self, name, valid)
 
+        check_types(self)
         spec = self.spec
         options = self.mode_options()
-        if options is not None and hasattr(options, "validate"):
-            options.validate()
+        if options is not None:
+            check_types(options)
+            if hasattr(options, "validate"):
+                options.validate()
         if self.network not in MODEL_NAMES:
             raise bad("network", f"one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASETS:
@@ -199,6 +215,12 @@ class Config:
             raise bad("partition", f"one of {', '.join(PARTITIONS)}")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise bad("data_dir", "an existing directory")
+        reason = unwritable_dir(self.log_dir)
+        if reason is not None:
+            raise bad("log_dir", f"a directory this process can create or write into ({reason})")
+        if self.run_name is not None and (self.run_name in ("", ".", "..") or "/" in self.run_name
+                                          or os.sep in self.run_name or "\0" in self.run_name):
+            raise bad("run_name", "a plain directory name (no '/')")
         if self.batch_size < 1:
             raise bad("batch_size", "an integer >= 1")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -213,8 +235,8 @@ class Config:
             raise bad("eval_interval", "a finite number of seconds > 0")
         if self.checkpoint_every < 0:
             raise bad("checkpoint_every", "an integer >= 0 (0: no checkpoints)")
-        if self.workers < 1:
-            raise bad("workers", "an integer >= 1")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise bad("workers", f"an integer in 1..{MAX_WORKERS}")
         if spec.max_workers is not None and self.workers > spec.max_workers:
             raise bad("workers", f"at most {spec.max_workers} with -m {self.mode}")
         if self.workers < spec.min_workers:
@@ -224,31 +246,36 @@ class Config:
                                     "own transport)")
         if self.slowdowns and len(self.slowdowns) != self.workers:
             raise bad("slowdowns", f"{self.workers} comma-separated factors (one per worker)")
-        if any(not (math.isfinite(f) and f >= 1) for f in self.slowdowns):
-            raise bad("slowdowns", "factors >= 1 (1 = full speed, 2 = half speed)")
+        if any(not 1 <= f <= MAX_SLOWDOWN for f in self.slowdowns):
+            raise bad("slowdowns", f"factors in 1..{MAX_SLOWDOWN:g} (1 = full speed, 2 = half "
+                                   f"speed)")
         if not 0 <= self.straggle_prob <= 1:
             raise bad("straggle_prob", "a probability in [0, 1]")
         try:
             from hetsync.runtime.heterogeneity import parse_delay
 
-            parse_delay(self.straggle_delay)
+            delay, relative = parse_delay(self.straggle_delay)
         except ValueError:
-            raise bad("straggle_delay", "seconds >= 0 (0.32) or a multiple of the step "
-                                        "(4x)") from None
+            delay, relative = math.nan, False
+        if not delay <= (MAX_SLOWDOWN if relative else MAX_WAIT_S):
+            raise bad("straggle_delay", f"seconds in 0..{MAX_WAIT_S:g} (0.32) or a multiple "
+                                        f"of the step in 0..{MAX_SLOWDOWN:g} (4x)")
         for name in ("inject_alpha", "inject_beta"):
             if not 0 < getattr(self, name) <= 1:
                 raise bad(name, "a fraction in (0, 1]")
         if self.inject and self.effective_partition not in ("class", "dirichlet"):
             raise bad("inject", "0 unless --partition is class or dirichlet (or -s 1): "
                                 "injection brings foreign classes to a worker that lacks them")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise bad("time_budget", "a number of seconds > 0")
+        if self.time_budget is not None and not 0 < self.time_budget < math.inf:
+            raise bad("time_budget", "a finite number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
             raise bad("target_acc", "an accuracy in (0, 1]")
-        if self.epochs is not None and not self.epochs > 0:
-            raise bad("epochs", "a number > 0")
-        if self.threads < 1:
-            raise bad("threads", "an integer >= 1")
+        if self.epochs is not None and not 0 < self.epochs < math.inf:
+            raise bad("epochs", "a finite number > 0")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise bad("threads", f"an integer in 1..{MAX_THREADS} (torch intra-op threads)")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise bad("seed", f"an integer in 0..{MAX_SEED}")
         if self.bandwidth is not None:
             from hetsync.runtime.network import parse_rate
 
@@ -256,15 +283,41 @@ class Config:
                 parse_rate(self.bandwidth)
             except ValueError:
                 raise bad("bandwidth", "a rate such as 100mbit, 1gbit or 500kbit") from None
-        if not 0 < self.timeout < math.inf:
-            raise bad("timeout", "a finite number of seconds > 0")
-        if not 0 < self.state_port < 65536:
-            raise bad("state_port", "a TCP port in 1..65535")
+        if not 0 < self.timeout <= MAX_WAIT_S:
+            raise bad("timeout", f"a finite number of seconds > 0, at most {MAX_WAIT_S:g} (a "
+                                 f"week)")
+        if self.state_port not in PORTS:
+            raise bad("state_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
         if self.gpu < -1:
             raise bad("gpu", "-1 (CPU) or a GPU index >= 0")
         if self.time_budget is None and self.target_acc is None and self.epochs is None:
             raise ConfigError("no stopping rule: give --epochs, --time-budget or --target-acc")
         return self
+
+    def validate_data(self, split) -> list:
+        """The workers' shards of `split`'s training set (`split`: a
+        :class:`~hetsync.data.DataSplit`), as every worker computes them; ConfigError naming
+        --workers or -b when the data cannot feed this run: fewer training images than
+        workers, or a worker's shard smaller than one batch (every step takes a whole one)."""
+        from hetsync.data import partition
+
+        labels = split.train.labels.numpy()
+        n = len(labels)
+        if self.workers > n:
+            raise invalid_option(self, "workers", f"at most {n}: {split.name}'s training set has "
+                                 f"{n} image{'s' * (n != 1)} and every worker needs a batch "
+                                 f"of its own")
+        shards = partition(self.effective_partition, labels, self.workers, self.seed,
+                           alpha=self.dirichlet_alpha)
+        smallest = min(len(s) for s in shards)
+        if self.batch_size > smallest:
+            share = "every worker's share" if len(set(map(len, shards))) == 1 else \
+                "the smallest worker's share"
+            raise invalid_option(self, "batch_size", f"at most {smallest}, {share} of "
+                                 f"{split.name}'s {n} training images ({self.workers} "
+                                 f"worker{'s' * (self.workers > 1)}, --partition "
+                                 f"{self.effective_partition})")
+        return shards
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -275,40 +328,170 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Config":
+        """The config `data` (config.json's object) describes; ConfigError naming the first
+        unknown key or the first value not of its field's type."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"expected a JSON object of config keys, got "
+                              f"{type(data).__name__} {data!r:.60}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
         data = dict(data)
-        if "slowdowns" in data:
-            data["slowdowns"] = tuple(float(x) for x in data["slowdowns"])
-        if "plugins" in data:
-            data["plugins"] = tuple(str(x) for x in data["plugins"])
+        for key in ("slowdowns", "plugins"):  # JSON lists; their items are checked below
+            if isinstance(data.get(key), list):
+                data[key] = tuple(float(x) if key == "slowdowns" and _is_a(x, float) else x
+                                  for x in data[key])
         if not isinstance(data.get("options", {}), dict):
             raise ConfigError(f"config key 'options' must be an object, got "
                               f"{data['options']!r}")
-        return cls(**data)
+        cfg = cls(**data)
+        check_types(cfg)
+        return cfg
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "Config":
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-def _field(name: str) -> dataclasses.Field:
-    return next(f for f in dataclasses.fields(Config) if f.name == name)
+        """The config of file `path` (a config.json); ConfigError naming the file when it
+        cannot be read, is not JSON, or holds what a config cannot."""
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            why = getattr(err, "strerror", None) or str(err)
+            raise ConfigError(f"config file {str(path)!r}: cannot be read: {why}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ConfigError(f"config file {str(path)!r}: not JSON: {err}") from None
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"config file {str(path)!r}: {err}") from None
 
 
 def invalid_option(options, name: str, valid: str) -> ConfigError:
-    """The error for a bad value of field `name` of a mode's options dataclass."""
+    """The error for a bad value of field `name` of `options` (a mode's options dataclass, or
+    a Config): its flags, its value, what would be valid."""
     f = next(f for f in dataclasses.fields(options) if f.name == name)
     return ConfigError(f"{'/'.join(f.metadata['flags'])}: invalid value "
                        f"{getattr(options, name)!r}; expected {valid}")
 
 
+def _is_a(value: Any, kind: Any) -> bool:
+    """Whether `value` is of type `kind` as a field's type says (bool is not a number here)."""
+    args = typing.get_args(kind)
+    if type(None) in args:
+        return value is None or any(_is_a(value, a) for a in args if a is not type(None))
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):
+        return (isinstance(value, (int, float) if kind is float else int)
+                and not isinstance(value, bool))
+    if kind is str:
+        return isinstance(value, str)
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, tuple) and all(_is_a(v, args[0]) for v in value)
+    return True  # a type no flag gives (options): not checked here
+
+
+def _type_name(kind: Any) -> str:
+    args = typing.get_args(kind)
+    if type(None) in args:
+        return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
+    if typing.get_origin(kind) is tuple:
+        return f"a list of {_type_name(args[0]).split(' ', 1)[1]}s"
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(kind, str(kind))
+
+
+def check_types(obj) -> None:
+    """ConfigError naming the first field of dataclass `obj` (a Config, a mode's options)
+    whose value is not of the field's type: a config file or the Python API can hold any
+    value, the command line only what the field's parser makes."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("flags") and not _is_a(getattr(obj, f.name), hints[f.name]):
+            raise invalid_option(obj, f.name, _type_name(hints[f.name]))
+
+
+def unwritable_dir(path: str | Path) -> str | None:
+    """Why `path` cannot be an output directory, None if it can: it, or the nearest of its
+    ancestors that exists, must be a directory this process may write into."""
+    if "\0" in str(path):
+        return "it contains a NUL byte"
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def check_host(flag: str, host: str, *, listen: bool = False) -> None:
+    """ConfigError naming `flag` when `host` does not resolve or, with `listen`, is not an
+    address of this machine that a server can listen on."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise ConfigError(f"{flag}: invalid value {host!r}; expected a host name or address "
+                          f"that resolves ({getattr(err, 'strerror', None) or err})") from None
+    if listen:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, 0))
+            except OSError as err:
+                raise ConfigError(f"{flag}: invalid value {host!r}; expected an IPv4 address "
+                                  f"of this machine to listen on ({err.strerror or err})"
+                                  ) from None
+
+
 # ---------------------------------------------------------------------- command line
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, but a bad flag is one line: `PROG: error: MESSAGE`, without the
+    usage (tens of lines for launch and bench, hiding the one that matters); exit code 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _bounded_int(low: int, high: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected {what} in "
+                                             f"{low}..{high}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"invalid value {value}; expected {what} in "
+                                             f"{low}..{high}")
+        return value
+    return parse
+
+
+#: `hetsync state-server`'s flags (Config's own -port and --workers are checked by validate()
+#: against the same bounds).
+parse_port = _bounded_int(PORTS.start, PORTS.stop - 1, "a TCP port")
+#: a port to listen on: 0 asks the system for any free one
+parse_listen_port = _bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one)")
+parse_workers = _bounded_int(1, MAX_WORKERS, "a number of workers")
+
+
+def parse_accuracy(text: str) -> float:
+    """An accuracy in (0, 1] (summarize's --targets, plot's --target)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected an accuracy in "
+                                         f"(0, 1]")
+    return value
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -338,6 +521,16 @@ def parse_epsilon(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+
+
+def parse_epsilon_fraction(text: str) -> float | None:
+    """`auto` (None) or a fraction in (-1, 1): the state server's --epsilon (ESync's own
+    --epsilon is checked with its options, ESyncOptions.validate)."""
+    value = parse_epsilon(text)
+    if value is not None and not -1 < value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected auto or a "
+                                         f"fraction in (-1, 1)")
+    return value
 
 
 def _optional(kind):

@@ -29,9 +29,11 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from ..comm.collectives import ALGORITHMS
+from ..config import ArgumentParser, unwritable_dir
 
 DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
 DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks")
@@ -211,13 +213,31 @@ def format_table(rows: Sequence[dict]) -> str:
 def _int_list(text: str) -> list[int]:
     try:
         return [int(float(x)) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got "
+                                         f"{text!r}") from None
+
+
+def _check_fits(world_sizes: Sequence[int], sizes: Sequence[int]) -> None:
+    """ValueError when the bench cannot run on this machine: more ranks than it can hold
+    (at most 64, or 2 per CPU on bigger ones: every rank is a process here), or vectors too
+    big for its memory (every rank holds a few copies of each)."""
+    most = max(64, 2 * (os.cpu_count() or 1))
+    big = [p for p in world_sizes if p > most]
+    if big:
+        raise ValueError(f"world size {big[0]} is more processes than this machine runs "
+                         f"for a bench; expected at most {most}")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = max(sizes, default=0) * 4 * 4 * max(world_sizes, default=0)
+    if need > memory:
+        raise ValueError(f"size {max(sizes)} needs about {need / 2**30:.0f} GiB (4 copies of "
+                         f"{max(sizes)} float32 per rank, {max(world_sizes)} ranks); this "
+                         f"machine has {memory / 2**30:.0f} GiB")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hetsync-comm-bench",
+    parser = ArgumentParser(
+        prog="hetsync bench comm",
         description="Time hetsync's all-reduce algorithms against native gloo on loopback.")
     parser.add_argument("--world-sizes", type=_int_list, default=[2, 4],
                         help="comma-separated process counts (default 2,4)")
@@ -232,7 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms:
+        parser.error(f"argument --algorithms: expected at least one of "
+                     f"{', '.join(BENCH_ALGORITHMS)}, got {args.algorithms!r}")
+    reason = None if args.json is None else unwritable_dir(Path(args.json).parent)
+    if reason is None and args.json is not None and Path(args.json).is_dir():
+        reason = f"{args.json} is a directory"
+    if reason is not None:  # found before the bench, not after it
+        parser.error(f"argument --json: invalid value {args.json!r}; expected a file this "
+                     f"process can write ({reason})")
     try:
+        _check_fits(args.world_sizes, args.sizes)
         rows = run_comm_bench(args.world_sizes, args.sizes, algorithms, args.repeats,
                               args.warmup)
     except ValueError as err:

@@ -41,9 +41,9 @@ from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.config import (COLLECTIVES, DATASETS, OPTION_PREFIX, PARTITIONS, Config,
-                            ConfigError,
-                            add_option_arguments, given_options)
+from hetsync.config import (COLLECTIVES, DATASETS, MAX_SEED, OPTION_PREFIX, PARTITIONS,
+                            ArgumentParser, Config, ConfigError, add_option_arguments,
+                            given_options, unwritable_dir)
 
 DEFAULT_MODES = ("local", "sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
@@ -118,7 +118,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="hetsync bench",
         description="Run every mode, and PyTorch's DDP and local SGD, on the same emulated "
         "cluster one after another; compare time-to-accuracy, speedup over sync, accuracy, "
@@ -209,6 +209,14 @@ def _check(args) -> None:
         raise ConfigError(f"--name: invalid value {args.name!r}; expected a plain file name")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise ConfigError(f"-dd/--data-dir: {args.data_dir} is not a directory")
+    if args.seed + args.repeats - 1 > MAX_SEED:
+        raise ConfigError(f"--seed/--repeats: seeds {args.seed}..{args.seed + args.repeats - 1}"
+                          f"; expected seeds in 0..{MAX_SEED}")
+    for flag, path in (("-ld/--log-dir", args.log_dir), ("--results-dir", args.results_dir)):
+        reason = unwritable_dir(path)
+        if reason is not None:  # found before the runs, not after them
+            raise ConfigError(f"{flag}: invalid value {path!r}; expected a directory this "
+                              f"process can create or write into ({reason})")
     if args.bandwidth is not None:
         from hetsync.runtime.network import NetworkUnavailable, check_available, parse_rate
 
@@ -320,9 +328,13 @@ def bench(args, argv: list[str], stream=None) -> int:
     speedup_at = args.speedup_at
     targets = sorted(set(args.targets) | {speedup_at})
     labels = list(args.modes) + list(args.baselines)
-    for label in labels:  # every config is valid before anything runs
-        make_run(args, base, label, linear_scaling(label, args.lr, base.workers))
-    train_size = len(load_dataset(args.dataset, args.data_dir, seed=args.seed).train)
+    runs = [make_run(args, base, label, linear_scaling(label, args.lr, base.workers))
+            for label in labels]  # every config is valid before anything runs,
+    split = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    for run in runs:  # and has a batch for every worker
+        run.cfg.validate_data(split)
+    train_size = len(split.train)
+    del split, runs
     load_before = os.getloadavg()
     command = "hetsync bench " + shlex.join(argv)
     print(f"{command}\nload average {res.load_text(load_before)} on {os.cpu_count()} CPUs; "
@@ -466,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataNotFoundError, DataFormatError) as err:
         print(f"hetsync bench: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a file it cannot write, ...: say what, not where
+        print(f"hetsync bench: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 
 from .arrays import ArrayDataset, DataSplit
 from .errors import DataFormatError
-from .locate import find_data_dir
+from .locate import find_data_dir, missing_reason
 from .safe_pickle import safe_load
 
 __all__ = ["TRAIN_BATCHES", "TEST_BATCH", "MEAN", "STD", "load_cifar10", "read_batch"]
@@ -31,8 +31,7 @@ HOW_TO_GET = (
 
 
 def _probe(folder: str) -> Optional[str]:
-    missing = [b for b in TRAIN_BATCHES + (TEST_BATCH,) if not os.path.isfile(os.path.join(folder, b))]
-    return None if not missing else "missing " + ", ".join(missing)
+    return missing_reason(folder, {b: (b,) for b in TRAIN_BATCHES + (TEST_BATCH,)})
 
 
 def _get(d: dict, key: str, path: str) -> Any:
@@ -59,8 +58,11 @@ def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
             f"{path}: expected 'data' uint8 of shape (n, {_PIXELS}), found {data.dtype} {data.shape}"
         )
     try:
-        labels = np.asarray(_get(d, "labels", path), dtype=np.int64)
-    except (TypeError, ValueError) as e:
+        labels = np.asarray(_get(d, "labels", path))
+        if labels.size and not np.issubdtype(labels.dtype, np.integer):
+            raise TypeError(f"found {labels.dtype}")
+        labels = labels.astype(np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
         raise DataFormatError(f"{path}: 'labels' is not a list of integers: {e}") from e
     if labels.ndim != 1 or len(labels) != len(data):
         raise DataFormatError(
@@ -76,6 +78,8 @@ def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _dataset(paths: list[str]) -> ArrayDataset:
     parts = [read_batch(p) for p in paths]
+    if not sum(len(p[1]) for p in parts):
+        raise DataFormatError(f"{', '.join(paths)}: hold 0 images; expected at least 1")
     images = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0].copy()
     labels = np.concatenate([p[1] for p in parts])
     return ArrayDataset(torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels), MEAN, STD)

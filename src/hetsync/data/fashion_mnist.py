@@ -10,7 +10,7 @@ import torch
 from .arrays import ArrayDataset, DataSplit
 from .errors import IdxFormatError
 from .idx import read_idx
-from .locate import find_data_dir, first_existing
+from .locate import find_data_dir, first_existing, missing_reason
 
 __all__ = ["FILES", "MEAN", "STD", "load_fashion_mnist"]
 
@@ -39,8 +39,7 @@ def _file(folder: str, base: str) -> Optional[str]:
 
 
 def _probe(folder: str) -> Optional[str]:
-    missing = [f"{b}(.gz)" for b in FILES.values() if _file(folder, b) is None]
-    return None if not missing else "missing " + ", ".join(missing)
+    return missing_reason(folder, {f"{b}(.gz)": (b + ".gz", b) for b in FILES.values()})
 
 
 def _load_pair(images_path: str, labels_path: str) -> ArrayDataset:
@@ -57,7 +56,9 @@ def _load_pair(images_path: str, labels_path: str) -> ArrayDataset:
             f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels; "
             "expected equal counts"
         )
-    if len(labels) and int(labels.max()) >= NUM_CLASSES:
+    if len(images) == 0:
+        raise IdxFormatError(f"{images_path}: holds 0 images; expected at least 1")
+    if int(labels.max()) >= NUM_CLASSES:
         raise IdxFormatError(
             f"{labels_path}: labels must be < {NUM_CLASSES}, found {int(labels.max())}"
         )
@@ -75,7 +76,8 @@ def load_fashion_mnist(data_dir: Optional[str] = None) -> DataSplit:
     Searched as described in :mod:`hetsync.data.locate` (``data_dir/fashion-mnist/`` first,
     as ESync's ``-dd``). Unlike ESync (MXNet, which downloads on a hash mismatch), nothing is
     ever downloaded: the files are validated (IDX structure, 28×28 uint8 images, uint8
-    labels < 10, equal counts) and any problem raises :class:`IdxFormatError`.
+    labels < 10, equal counts, at least one image) and any problem raises
+    :class:`IdxFormatError`.
     """
     folder = find_data_dir("fashion-mnist", SUBDIR, data_dir, _probe, HOW_TO_GET)
     p = {role: _file(folder, base) for role, base in FILES.items()}

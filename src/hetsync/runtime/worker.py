@@ -85,14 +85,13 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
          resume: bool) -> Path:
     from hetsync.comm import set_default_timeout
-    from hetsync.data import ShardSampler, load_dataset, partition
+    from hetsync.data import ShardSampler, load_dataset
     from hetsync.models import build_model
 
     set_default_timeout(cfg.timeout)
     spec, options = cfg.spec, cfg.mode_options()
     name = broadcast_text(cfg.run_name or default_run_name(cfg))
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
-    run_dir.mkdir(parents=True, exist_ok=True)
     is_server = cfg.needs_ps and rank == world - 1
     me = {"rank": rank, "host": socket.gethostname(),
           "device": "ps" if is_server else device_label(device),
@@ -107,6 +106,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
 
     own, index = _find_checkpoint(cfg, rank, run_dir, is_server) if resume else (None, None)
     data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
+    # the data is not one batch; nothing is written before the data is known to be good
+    shards = cfg.validate_data(data)
+    run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
     model = build_model(cfg.network, data.input_shape, data.num_classes).to(device)
     if index is not None:  # every process starts from rank 0's global model
@@ -116,8 +119,6 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         _serve_parameters(cfg, model, run_dir)
         return run_dir
 
-    shards = partition(cfg.effective_partition, data.train.labels.numpy(), cfg.workers,
-                       cfg.seed, alpha=cfg.dirichlet_alpha)
     batches = ShardSampler(shards[rank], cfg.batch_size, seed=cfg.seed * 1000 + rank)
     if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
         from hetsync.data.injection import InjectingSampler

@@ -51,12 +51,12 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from hetsync.config import MAX_WORKERS
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
 
 DEFAULT_PORT = 10010
 MAX_BODY = 16 * 1024          # bytes: a report is ~100
 MAX_HEAD = 16 * 1024          # bytes: request line and headers
-MAX_WORKERS = 1024
 REQUEST_TIMEOUT = 10.0        # seconds from a request's first byte to its last
 KEEP_ALIVE = 120              # seconds an idle keep-alive connection stays open
 MAX_CONNECTIONS = 2048
