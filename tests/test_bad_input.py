@@ -407,6 +407,9 @@ def nothing_runs(monkeypatch, tmp_path):
     monkeypatch.setattr(StateServer, "serve_forever", accepted)
     monkeypatch.setattr(modes, "execute", accepted)
     monkeypatch.setattr(comm, "_run_world", accepted)
+    import hetsync.comm.timeouts as timeouts  # a worker case sets the process-wide default
+
+    monkeypatch.setattr(timeouts, "_default", timeouts._default)
 
 
 def run_main(argv, capsys) -> tuple[int, str]:
