@@ -177,3 +177,31 @@ def test_the_data_position_resumes_at_the_next_batch():
     expected = sampler.epoch(1)[2]
     assert epoch == 1 and batch.tolist() == expected.tolist()
     assert taken[-1][1].tolist() == sampler.epoch(1)[1].tolist()
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_rejoins_from_the_last_checkpoint(tmp_path):
+    """A worker killed under `torchrun --max-restarts 1`: torchrun restarts the group, which
+    finds its run directory's checkpoints and resumes; the run ends well, on one curve."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--max-restarts", "1", "--standalone", "-m", "hetsync", "worker", "-m", "sync",
+           "--workers", "2", "--slowdowns", "1,2", "--time-budget", "6",
+           "--eval-interval", "0.5", "--checkpoint-every", "2", "-ld", str(tmp_path),
+           "--run-name", "run", "--no-figures", "--timeout", "30"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while (not all(any(run.glob(f"checkpoints/*/rank-{r}.pt")) for r in (0, 1))
+           and proc.poll() is None and time.monotonic() < deadline):
+        time.sleep(0.1)
+    pid = _pid_of_rank(tmp_path, 1)
+    assert pid is not None, "rank 1 is not running"
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    assert "torchrun restart 1: resuming" in out
+    evals = _evals(run)
+    times = [e["train_time"] for e in evals]
+    assert times == sorted(times) and times[-1] >= 6.0
+    assert evals[-1]["test_acc"] >= 0.70

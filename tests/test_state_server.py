@@ -247,3 +247,72 @@ def test_load_from_16_keep_alive_clients_has_no_errors():
         proc.terminate()
         proc.wait(timeout=10)
     assert result.errors == 0 and result.requests == 4000
+
+
+def test_the_client_waits_for_a_restarted_server():
+    """Down for a moment (a restart): the client tries again with backoff, then goes on."""
+    import threading
+
+    first = StateServer(workers=2, epsilon=0.0, port=0).start()
+    port = first.port
+    c = StateClient("127.0.0.1", port, timeout=5, retry_s=10)
+    assert c.report(0, 1, 1, 0.01).ready
+    first.stop()
+    restarted = []
+    timer = threading.Timer(1.0, lambda: restarted.append(
+        StateServer(workers=2, epsilon=0.0, port=port).start()))
+    timer.start()
+    try:
+        assert c.report(1, 1, 1, 0.05).ready  # sent while nothing listened
+        assert c.retries >= 1
+    finally:
+        timer.join()
+        for s in restarted:
+            s.stop()
+
+
+@pytest.mark.slow
+def test_an_esync_run_survives_a_killed_state_server_with_its_step_spread_restored(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync", "--workers", "3",
+         "--slowdowns", "1,2,4", "--time-budget", "14", "-ld", str(tmp_path), "--run-name",
+         "run", "--quiet", "--no-figures", "--timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def rows(rank):
+        path = run / f"worker-{rank}.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def state_server_pid():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"state-server" in cmd and ppid == proc.pid:
+                return int(pid)
+        return None
+
+    deadline = time.monotonic() + 120
+    while len(rows(0)) < 60 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before = rows(0)
+    os.kill(state_server_pid(), signal.SIGKILL)
+    killed_at_round = before[-1]["round"]
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert "the state server exited with code -9; started it again" in out
+    fast = [r["local_steps"] for r in rows(0) if r["round"] > killed_at_round + 10]
+    spread = [r["local_steps"] for r in before[-20:]]
+    # the fastest worker (4x the slowest) runs several local steps a round again, as before
+    assert len(fast) >= 10 and sum(fast) / len(fast) >= 2.0, fast
+    assert sum(spread) / len(spread) >= 2.0, spread

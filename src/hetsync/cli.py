@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 
@@ -86,14 +87,38 @@ def cmd_worker(args) -> int:
         print(f"hetsync worker: note: --bandwidth {cfg.bandwidth} is ignored here: launch and "
               f"bench make the emulated hosts; this worker uses the network it runs on",
               file=sys.stderr)
-    standalone = (args.run_dir is None or args.resume) and cfg.workers == 1
+    resume = bool(args.resume) or _restarted_by_torchrun(args, cfg)
+    standalone = (args.run_dir is None or resume) and cfg.workers == 1
     run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer(),
-                          resume=bool(args.resume))
+                          resume=resume)
     if standalone:  # a standalone run: summarise it too
         from hetsync.runtime.launcher import finish_run
 
         finish_run(run_dir, figures=not args.no_figures)
     return 0
+
+
+def _restarted_by_torchrun(args, cfg: Config) -> bool:
+    """Under `torchrun --max-restarts`, a restarted worker group resumes its run directory
+    (`--run-dir`, or `-ld`/`--run-name`) from the last checkpoint; sets args.run_dir."""
+    from pathlib import Path
+
+    from hetsync.runtime import checkpoint
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart in ("", "0"):
+        return False
+    target = (Path(args.run_dir) if args.run_dir is not None else
+              Path(cfg.log_dir) / cfg.run_name if cfg.run_name else None)
+    if target is None or not checkpoint.indices(target):
+        print(f"hetsync worker: torchrun restart {restart}: no checkpoint to resume "
+              f"(give --run-name so that a restart finds its run): starting afresh",
+              file=sys.stderr, flush=True)
+        return False
+    print(f"hetsync worker: torchrun restart {restart}: resuming {target}", file=sys.stderr,
+          flush=True)
+    args.run_dir = str(target)
+    return True
 
 
 def cmd_state_server(args) -> int:

@@ -86,6 +86,7 @@ class Cluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
         self.state_port: int | None = None
+        self.state_restarts = 0
         #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
         self.network = network
         #: the state server's shared secret, given to every child: the user's own, or a fresh
@@ -108,15 +109,24 @@ class Cluster:
         self.procs[name] = proc
         return proc
 
-    def start_state_server(self) -> int:
+    #: how many times a state server that died is started again before the run is given up
+    STATE_SERVER_RESTARTS = 5
+
+    def start_state_server(self, port: int | None = None) -> int:
+        """Start the state server (on `port`: a restart keeps the workers' address)."""
         from hetsync.state import StateClient
 
-        host, port = self.cfg.state_ip, self.cfg.state_port
-        if not _port_free(host, port):
-            port = free_port(host)  # another run holds the default port: take any free one
-        # The workers' rank 0 starts the run on it with the mode's own options (`/init`).
+        host = self.cfg.state_ip
+        if port is None:
+            port = self.cfg.state_port
+            if not _port_free(host, port):
+                port = free_port(host)  # another run holds the default port: take any free one
+        # The workers' rank 0 starts the run on it with the mode's own options (`/init`); a
+        # restarted one is given them here, and rebuilds its records from the next reports.
+        epsilon = getattr(self.cfg.mode_options(), "epsilon", None)
         self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
-                                     "--workers", str(self.cfg.workers)])
+                                     "--workers", str(self.cfg.workers),
+                                     "--epsilon", "auto" if epsilon is None else str(epsilon)])
         client = StateClient(host, port, timeout=5, token=self.token)
         try:
             client.wait_until_up(deadline_s=30)
@@ -127,6 +137,14 @@ class Cluster:
             client.close()
         self.state_port = port
         return port
+
+    def restart_state_server(self) -> bool:
+        """Start a state server that died again on its port; False once restarts ran out."""
+        if self.state_restarts >= self.STATE_SERVER_RESTARTS:
+            return False
+        self.state_restarts += 1
+        self.start_state_server(self.state_port)
+        return True
 
     def state_server_stats(self) -> dict | None:
         from hetsync.state import StateClient
@@ -249,6 +267,12 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         cluster.start_ranks(run_dir / "config.json")
         while True:
             failure = cluster.failed()
+            if failure is not None and failure[0] == "state-server" and \
+                    cluster.restart_state_server():
+                print(f"\nthe state server exited with code {failure[1]}; started it again "
+                      f"on port {cluster.state_port} ({cluster.state_restarts} of "
+                      f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
+                continue
             if failure is not None:
                 name, code = failure
                 progress.close()

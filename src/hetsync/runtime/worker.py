@@ -113,7 +113,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     torch.manual_seed(cfg.seed)  # the same initial model in every process
     model = build_model(cfg.network, data.input_shape, data.num_classes).to(device)
     if index is not None:  # every process starts from rank 0's global model
-        model.load_state_dict(checkpoint.load(checkpoint.file_of(run_dir, index, 0))["global"])
+        _load_global(model, run_dir, index, rank, world)
 
     if is_server:
         _serve_parameters(cfg, model, run_dir)
@@ -207,6 +207,18 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path,
         print(f"resuming from checkpoint {chosen[0]}: round {own['round']}, training time "
               f"{own['loop']['train_time']:.1f} s", file=sys.stderr, flush=True)
     return own, chosen[0]
+
+
+def _load_global(model: torch.nn.Module, run_dir: Path, index: int, rank: int,
+                 world: int) -> None:
+    """Rank 0 reads the global model of checkpoint `index` and sends it to every process
+    (the server too): across machines only rank 0's host has that file."""
+    if rank == 0:
+        model.load_state_dict(checkpoint.load(checkpoint.file_of(run_dir, index, 0))["global"])
+    if world > 1:
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
 
 
 def _cut_logs(run_dir: Path, rank: int, own: dict) -> None:

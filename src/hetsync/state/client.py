@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import time
 from typing import Callable
 
@@ -21,15 +20,21 @@ class StateServerError(RuntimeError):
 
 
 class StateClient:
-    """Talks to `hetsync state-server` at host:port; every call is bounded by `timeout` seconds.
+    """Talks to `hetsync state-server` at host:port; every attempt is bounded by `timeout`
+    seconds. A server that cannot be reached (it died, it is restarting) is tried again with
+    exponential backoff for `retry_s` seconds (default: `timeout`) before `StateServerError`:
+    a restarted server rebuilds its records from the workers' next reports.
     `token`: the server's shared secret (default: `HETSYNC_TOKEN`, if set)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0,
-                 token: str | None = None):
+                 token: str | None = None, retry_s: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
+        self.retry_s = timeout if retry_s is None else retry_s
         token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
         self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._conn: http.client.HTTPConnection | None = None
+        #: how many times a request had to be tried again (a lost connection, a restart)
+        self.retries = 0
 
     def _send(self, method: str, path: str, body: dict | None) -> None:
         payload = None if body is None else json.dumps(body).encode()
@@ -41,10 +46,13 @@ class StateClient:
         self._conn.request(method, path, body=payload, headers=headers)
 
     def _request(self, method: str, path: str, body: dict | None = None, *,
-                 sent: bool = False) -> dict:
-        """Send (unless `sent`) and read the answer; one reconnect, since a keep-alive
-        connection may have been closed."""
-        for attempt in (1, 2):
+                 sent: bool = False, retry_s: float | None = None) -> dict:
+        """Send (unless `sent`) and read the answer; on a lost connection, send again (a
+        keep-alive connection may have been closed; the server may be restarting) with
+        backoff for `retry_s` seconds."""
+        end = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        pause = 0.05
+        while True:
             try:
                 if not sent:
                     self._send(method, path, body)
@@ -53,28 +61,22 @@ class StateClient:
                 data = json.loads(response.read() or b"{}")
             except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
                 self.close()
-                if attempt == 2 or isinstance(err, socket.timeout):
+                if time.monotonic() + pause > end:
                     raise StateServerError(
                         f"state server at {self.host}:{self.port} did not answer {method} "
                         f"{path} ({type(err).__name__}: {err}); is `hetsync state-server` "
                         f"running there (-ip/-port)?") from err
+                self.retries += 1
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
                 continue
             if response.status >= 400:
                 raise StateServerError(f"state server refused {method} {path}: "
                                        f"{data.get('error', response.status)}")
             return data
-        raise AssertionError("unreachable")
 
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
-        end = time.monotonic() + deadline_s
-        while True:
-            try:
-                self._request("GET", "/healthz")
-                return
-            except StateServerError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.1)
+        self._request("GET", "/healthz", retry_s=deadline_s)
 
     def init(self, workers: int, epsilon: float | None = None) -> None:
         """Start afresh; `epsilon` None: the server's own margin (by default `auto`)."""
