@@ -74,12 +74,24 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
     if world > 1:
         backend = "nccl" if device.type == "cuda" and os.environ.get(
             "HETSYNC_BACKEND", "gloo") == "nccl" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
+                                store=_elastic_store(world, timeout))
     try:
         return _run(cfg, rank, world, device, run_dir, progress, resume)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _elastic_store(world: int, timeout: datetime.timedelta):
+    """Under torchrun's agent store, a restarted group's keys apart from the attempts before
+    it (gloo would otherwise find the dead attempt's addresses there); None: torch's own."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart in ("", "0") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"hetsync/attempt-{restart}", store)
 
 
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
