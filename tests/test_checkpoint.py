@@ -1,5 +1,6 @@
 """Checkpoints: atomic files that load with weights_only, a corrupt one skipped for the one
-before, and runs killed with SIGKILL that resume from their last checkpoint."""
+before; runs whose worker is killed with SIGKILL resume from their last checkpoint, or, in an
+asynchronous mode, go on without it."""
 
 from __future__ import annotations
 
@@ -133,6 +134,15 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert pid is not None, "rank 1 is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
+    if family == "async":  # each worker talks only to the parameter server: it goes on
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        assert "rank-1 exited with code -9; async goes on without it" in out
+        ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
+        assert ps[-1]["lost"] == [1], (ps, out)
+        evals = _evals(run)
+        assert evals[-1]["train_time"] >= 8.0 and evals[-1]["test_acc"] >= 0.70, (evals, out)
+        return
     out, _ = proc.communicate(timeout=60)
     stopped_in = time.monotonic() - killed
     assert proc.returncode != 0 and "rank-1 exited with code -9" in out

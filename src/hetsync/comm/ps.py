@@ -85,6 +85,8 @@ class ServerStats:
     bytes_recv: int = 0
     #: requests refused, one dict per refused (and then dropped) worker: rank, field, error
     refused: list[dict] = dataclasses.field(default_factory=list)
+    #: workers that never said BYE, given up after `linger` (they died)
+    lost: list[int] = dataclasses.field(default_factory=list)
 
 
 def _explain(reply: Header) -> str:
@@ -114,6 +116,9 @@ class ParameterServer:
             the next request from any worker; ``None``: the process-wide default.
         numel: the model's length: every push must have it, a sum at most that; ``None``:
             any length up to :data:`~hetsync.comm.wire.MAX_NUMEL`.
+        linger: once a worker has said BYE, how long the others may stay silent before they
+            are taken for lost (a worker that died never says BYE) and the server returns,
+            naming them in ``stats.lost``; ``None``: wait ``timeout``, then raise.
 
     The loop, one request at a time:
 
@@ -123,7 +128,9 @@ class ParameterServer:
        NaN); refuse one with non-finite values (which a payload shorter than its header
        leaves) or sparse indices out of range.
        A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
-       served no more, as if it had said BYE; the others go on.
+       served no more, as if it had said BYE; the others go on. A worker that dies is simply
+       heard from no more (gloo's any-source receive goes on with the others); with
+       ``linger``, it is given up once the others have finished.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -132,7 +139,8 @@ class ParameterServer:
     """
 
     def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
-                 timeout: float | None = None, numel: int | None = None):
+                 timeout: float | None = None, numel: int | None = None,
+                 linger: float | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -146,8 +154,11 @@ class ParameterServer:
         if numel is not None and (isinstance(numel, bool) or not isinstance(numel, int)
                                   or numel < 1):
             raise ValueError(f"numel must be a positive int or None, got {numel!r}")
+        if linger is not None and not 0 < linger < float("inf"):
+            raise ValueError(f"linger must be a finite number of seconds > 0, got {linger!r}")
         self.workers = tuple(sorted(workers))
         self.numel = numel
+        self.linger = linger
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
@@ -209,10 +220,18 @@ class ParameterServer:
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         while open_workers:
             timeout = resolve_timeout(self.timeout)
+            lingering = self.linger is not None and len(open_workers) < len(self.workers)
+            if lingering:
+                timeout = min(timeout, self.linger)
             try:
                 src = p2p.recv_any(raw, view=self._view, op="ps/serve", timeout=timeout,
                                    tag=TAG_REQUEST, count=False)
             except CommTimeoutError as exc:
+                if lingering:  # the others have finished: the silent ones are gone
+                    self.stats.lost = sorted(open_workers)
+                    for worker in self.stats.lost:
+                        close(worker)
+                    break
                 raise CommTimeoutError(
                     f"ps/serve: no request within {timeout:g} s from any of the workers still "
                     f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc

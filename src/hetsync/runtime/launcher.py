@@ -87,6 +87,7 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.state_port: int | None = None
         self.state_restarts = 0
+        self.lost: set[str] = set()  # workers that died in a mode that goes on without them
         #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
         self.network = network
         #: the state server's shared secret, given to every child: the user's own, or a fresh
@@ -183,12 +184,25 @@ class Cluster:
     def failed(self) -> tuple[str, int] | None:
         for name, proc in self.procs.items():
             code = proc.poll()
-            if code not in (None, 0):
+            if code not in (None, 0) and name not in self.lost:
                 return name, code
         return None
 
     def done(self) -> bool:
-        return all(p.poll() == 0 for p in self.ranks().values())
+        return all(p.poll() == 0 for name, p in self.ranks().items() if name not in self.lost)
+
+    def lose(self, name: str) -> bool:
+        """Go on without the worker `name` that died, where the mode can: an asynchronous
+        mode (each worker talks only to the parameter server, agreement through the store),
+        any worker but rank 0, which evaluates and decides when to stop. Whether it can."""
+        from hetsync.algorithms.base import ControlPath
+
+        rank = name.removeprefix("rank-")
+        if not (self.cfg.needs_ps and self.cfg.spec.worker.control is ControlPath.STORE
+                and rank.isdigit() and int(rank) != 0):
+            return False
+        self.lost.add(name)
+        return True
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every child still running, SIGKILL what is left after `grace` seconds."""
@@ -272,6 +286,10 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 print(f"\nthe state server exited with code {failure[1]}; started it again "
                       f"on port {cluster.state_port} ({cluster.state_restarts} of "
                       f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
+                continue
+            if failure is not None and cluster.lose(failure[0]):
+                print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
+                      f"on without it", file=stream, flush=True)
                 continue
             if failure is not None:
                 name, code = failure

@@ -251,17 +251,22 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
     weights = flatten(params).float().cpu()
     rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options(), Layout.of(params))
             if cfg.spec.server_rule is not None else None)
+    # A worker that died never says goodbye: once the others have, it is given up after
+    # `linger` (the asynchronous modes go on without a lost worker; see launcher.py).
     server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout,
-                             numel=weights.numel())
+                             numel=weights.numel(), linger=min(cfg.timeout, 30.0))
     start = time.perf_counter()
     stats = server.serve()
     sent, recv = meter.totals()
     for refusal in stats.refused:
         print(f"parameter server: {refusal['error']}; rank {refusal['rank']} is served no "
               f"more", file=sys.stderr, flush=True)
+    if stats.lost:
+        print(f"parameter server: rank(s) {stats.lost} never said goodbye (lost)",
+              file=sys.stderr, flush=True)
     with JsonlWriter(run_dir / "ps.jsonl") as out:
         out.write({"t": time.perf_counter() - start, "bytes_sent": sent, "bytes_recv": recv,
-                   "refused": stats.refused})
+                   "refused": stats.refused, "lost": stats.lost})
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
