@@ -215,3 +215,14 @@ def test_torchrun_max_restarts_rejoins_from_the_last_checkpoint(tmp_path):
     times = [e["train_time"] for e in evals]
     assert times == sorted(times) and times[-1] >= 6.0
     assert evals[-1]["test_acc"] >= 0.70
+
+
+def test_deferred_snapshots_go_to_disk_and_those_after_a_resumed_checkpoint_are_dropped(tmp_path):
+    ck = checkpoint.Checkpointer(tmp_path, rank=0)
+    for t in (1.0, 2.0, 3.0):
+        ck.spill({"train_time": t, "round": int(t)}, {"w": torch.full((2,), t)})
+    assert [p.name for p in ck.spilled()] == ["000001.pt", "000002.pt", "000003.pt"]
+    ck.drop_spilled_after(2.0)  # resumed from a checkpoint at 2.0 s: the 3.0 s one is lost work
+    stamps = [ck.load_spilled(p)[0]["train_time"] for p in ck.spilled()]
+    assert stamps == [1.0, 2.0]
+    assert ck.spill({"train_time": 2.5}, {"w": torch.zeros(2)}).name == "000003.pt"

@@ -190,14 +190,19 @@ class TrainingLoop:
             self.progress(stamp["round"], stamp["train_time"], stamp["samples_seen"], result)
 
     def evaluate_snapshots(self) -> int:
-        """After training: evaluate the deferred snapshots in order (rank 0); how many."""
-        if not self._snapshots:
+        """After training: evaluate the deferred snapshots in order (rank 0) — those a
+        checkpoint put on disk, then those in memory; how many."""
+        spilled = [] if self.checkpointer is None else self.checkpointer.spilled()
+        if not spilled and not self._snapshots:
             return 0
         model = copy.deepcopy(self.mode.model)
-        for stamp, state in self._snapshots:
+        for stamp, state in [*(self.checkpointer.load_spilled(p) for p in spilled),
+                             *self._snapshots]:
             model.load_state_dict(state)
             self._record_evaluation(stamp, evaluate(model, self.test_set, self.device))
-        count, self._snapshots = len(self._snapshots), []
+        for path in spilled:
+            path.unlink()
+        count, self._snapshots = len(spilled) + len(self._snapshots), []
         return count
 
     def evaluate_initial(self, t0: float) -> None:
@@ -281,12 +286,11 @@ class TrainingLoop:
         self._position = (epoch, batch)
 
     def _write_checkpoint(self, st: LoopState, recorded: int | None = None) -> None:
-        if self.rank == 0 and self._snapshots:
-            # Deferred snapshots die with the process: evaluate them now, so that a resumed
-            # run's curve has no gap (evaluation time, kept out of the training time).
-            start = time.perf_counter()
-            self.evaluate_snapshots()
-            st.eval_total += time.perf_counter() - start
+        for stamp, state in self._snapshots:
+            # Deferred snapshots would die with the process: they go to disk with the
+            # checkpoint (evaluated at the end, resumed or not), and out of memory.
+            self.checkpointer.spill(stamp, state)
+        self._snapshots = []
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
         now = time.perf_counter()
         state = {"round": self.mode.round,

@@ -165,6 +165,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                 loop.evaluate_initial(0.0)
             else:
                 loop.restore(own)
+                if checkpointer is not None and rank == 0:
+                    checkpointer.drop_spilled_after(own["loop"]["train_time"])
             if world > 1:  # the workers start their clocks together (no synchronised clocks)
                 dist.barrier(group=group)
             t0 = time.perf_counter()
