@@ -210,7 +210,7 @@ def test_torchrun_max_restarts_rejoins_from_the_last_checkpoint(tmp_path):
     os.kill(pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
-    assert "torchrun restart 1: resuming" in out
+    assert "torchrun restart 1: resuming" in out and "resuming from checkpoint" in out
     evals = _evals(run)
     times = [e["train_time"] for e in evals]
     assert times == sorted(times) and times[-1] >= 6.0
@@ -226,3 +226,15 @@ def test_deferred_snapshots_go_to_disk_and_those_after_a_resumed_checkpoint_are_
     stamps = [ck.load_spilled(p)[0]["train_time"] for p in ck.spilled()]
     assert stamps == [1.0, 2.0]
     assert ck.spill({"train_time": 2.5}, {"w": torch.zeros(2)}).name == "000003.pt"
+
+
+def test_a_resumed_run_keeps_what_its_checkpoints_depend_on(tmp_path, capsys):
+    from hetsync.cli import main
+    from hetsync.config import Config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    Config(mode="sync", workers=2, slowdowns=(1.0, 1.0)).save(run / "config.json")
+    assert main(["launch", "--resume", str(run), "-m", "esync"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mode 'esync' differs from the run's 'sync'" in err[0]

@@ -176,7 +176,7 @@ def _bad_header_ranks(rank: int, world_size: int):
     """Rank 0 sends hand-made bad headers; rank 1 serves them, one server per case."""
     import torch.distributed as dist
     from hetsync.comm import ParameterServer, wire
-    from hetsync.comm.ps import TAG_REPLY, TAG_REQUEST
+    from hetsync.comm.ps import TAG_REPLY, TAG_REQUEST, TAG_REQUEST_PAYLOAD
     from hetsync.comm.wire import Field, Header, Kind, Op
 
     if rank == 1:  # the refused worker is dropped: with no other worker, serve() returns
@@ -197,6 +197,8 @@ def _bad_header_ranks(rank: int, world_size: int):
             raw[Field.SEQ] = 3          # out of sequence (expected 0)
         reply = torch.empty(wire.HEADER_LEN, dtype=torch.int64)
         dist.send(raw, 1, tag=TAG_REQUEST)
+        if field == "seq":  # a sane header: its payload follows, as from a real client
+            dist.send(torch.ones(4), 1, tag=TAG_REQUEST_PAYLOAD)
         dist.recv(reply, 1, tag=TAG_REPLY)
         h = wire.decode(reply, 1, expect=(Op.ERROR,))
         replies.append((h.status, Field(h.detail).name.lower()))
@@ -264,7 +266,7 @@ def _untrusted_ranks(rank: int, world_size: int):
             dist.send(torch.ones(2), 2, tag=TAG_REQUEST_PAYLOAD)
         else:
             dist.send(raw, 2, tag=TAG_REQUEST)
-            if case not in ("huge_numel", "wrong_numel"):  # refused on the header alone
+            if case != "huge_numel":  # (refused on its header alone, and not drained)
                 dist.send(payload, 2, tag=TAG_REQUEST_PAYLOAD)
         reply = torch.empty(wire.HEADER_LEN, dtype=torch.int64)
         dist.recv(reply, 2, tag=TAG_REPLY)
@@ -286,3 +288,25 @@ def test_untrusted_payloads_are_refused_and_the_others_are_served():
         # only the honest push was applied: w = -LR * ones, nothing of the bad one
         torch.testing.assert_close(tensor(w), torch.full((16,), -LR, dtype=torch.float64))
         assert per_worker == {0: 2, 1: 0}, case  # push + bye; the refused one not counted
+
+
+def _sum_bound_ranks(rank: int, world_size: int):
+    from hetsync.comm import CommError, ParameterServer, PSClient
+
+    if rank == 2:  # a model of 8 parameters with 2 BatchNorm statistics: sums of up to 10
+        stats = ParameterServer([0, 1], timeout=30, numel=8, sum_numel=10).serve()
+        return stats.refused
+    with PSClient(2, timeout=30) as ps:
+        total = ps.sum(torch.ones(10)).tolist()
+        try:
+            ps.sum(torch.ones(11))
+            return total, None
+        except CommError as err:
+            return total, str(err)
+
+
+def test_sums_may_carry_batchnorm_statistics_but_no_more():
+    first, second, refused = run_ranks(_sum_bound_ranks, 3, timeout=60)
+    assert first[0] == [2.0] * 10 and second[0] == [2.0] * 10
+    assert "numel" in first[1] and "numel" in second[1]
+    assert sorted(r["rank"] for r in refused) == [0, 1]

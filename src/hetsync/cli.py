@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 
 import hetsync
@@ -49,6 +48,8 @@ def cmd_launch(args) -> int:
 
     base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
     cfg = config_from_args(args, base)
+    if args.resume:
+        _check_resumable(base, cfg, args.resume)
     preflight(cfg)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
            resume=args.resume)
@@ -66,6 +67,20 @@ def _resumed_config(run_dir: str) -> Config:
     return Config.load(path)
 
 
+#: What a checkpoint's state depends on: a resumed run must keep them.
+RUN_DEFINING = ("mode", "network", "dataset", "workers", "batch_size", "partition",
+                "split_by_class", "dirichlet_alpha", "seed", "collective")
+
+
+def _check_resumable(saved: Config, cfg: Config, run_dir: str) -> None:
+    for name in RUN_DEFINING:
+        if getattr(cfg, name) != getattr(saved, name):
+            raise ConfigError(f"--resume {run_dir}: {name.replace('_', '-')} "
+                              f"{getattr(cfg, name)!r} differs from the run's "
+                              f"{getattr(saved, name)!r}; a resumed run keeps it (the time "
+                              f"budget, epochs and evaluation may change)")
+
+
 def cmd_worker(args) -> int:
     from hetsync.runtime.worker import run_process
 
@@ -77,6 +92,8 @@ def cmd_worker(args) -> int:
     base = (Config.load(args.config) if args.config else
             _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
     cfg = config_from_args(args, base).validate()
+    if args.resume:
+        _check_resumable(_resumed_config(args.resume), cfg, args.resume)
     if cfg.spec.state_server:
         check_host("-ip/--state-server-ip", cfg.state_ip)
     reason = None if args.run_dir is None else unwritable_dir(args.run_dir)
@@ -87,7 +104,7 @@ def cmd_worker(args) -> int:
         print(f"hetsync worker: note: --bandwidth {cfg.bandwidth} is ignored here: launch and "
               f"bench make the emulated hosts; this worker uses the network it runs on",
               file=sys.stderr)
-    resume = bool(args.resume) or _restarted_by_torchrun(args, cfg)
+    resume = True if args.resume else _restarted_by_torchrun(args, cfg)
     standalone = (args.run_dir is None or resume) and cfg.workers == 1
     run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer(),
                           resume=resume)
@@ -98,42 +115,36 @@ def cmd_worker(args) -> int:
     return 0
 
 
-def _restarted_by_torchrun(args, cfg: Config) -> bool:
+def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
     """Under `torchrun --max-restarts`, a restarted worker group resumes its run directory
-    (`--run-dir`, or `-ld`/`--run-name`) from the last checkpoint; sets args.run_dir."""
+    (`--run-dir`, or `-ld`/`--run-name`) from the last checkpoint if any worker has one (the
+    workers decide together: `worker.IF_ANY`); sets args.run_dir."""
     from pathlib import Path
 
-    from hetsync.runtime import checkpoint
+    from hetsync.runtime.worker import IF_ANY
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if restart in ("", "0"):
         return False
     target = (Path(args.run_dir) if args.run_dir is not None else
               Path(cfg.log_dir) / cfg.run_name if cfg.run_name else None)
-    if target is None or not checkpoint.indices(target):
-        print(f"hetsync worker: torchrun restart {restart}: no checkpoint to resume "
-              f"(give --run-name so that a restart finds its run): starting afresh",
-              file=sys.stderr, flush=True)
+    if target is None:
+        print(f"hetsync worker: torchrun restart {restart}: give --run-name so that a "
+              f"restart finds its run; starting afresh", file=sys.stderr, flush=True)
         return False
-    print(f"hetsync worker: torchrun restart {restart}: resuming {target}", file=sys.stderr,
-          flush=True)
+    print(f"hetsync worker: torchrun restart {restart}: resuming {target} if it has a "
+          f"checkpoint", file=sys.stderr, flush=True)
     args.run_dir = str(target)
-    return True
+    return IF_ANY
 
 
 def cmd_state_server(args) -> int:
     from hetsync.state import StateServer
 
     check_host("--host", args.host, listen=True)
-    try:  # werkzeug prints two lines and exits when the port is taken: ask first
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
-            probe.bind((args.host, args.port))
-        server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
-                             token=args.token)
-    except OSError as err:  # the port is taken, or needs privileges
-        raise ConfigError(f"--port: invalid value {args.port}; cannot listen on "
-                          f"{args.host}:{args.port} ({err.strerror or err})") from None
+    # (a port that is taken or needs privileges: StateServer's one-line ServerConfigError)
+    server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
+                         token=args.token)
     eps = "auto" if args.epsilon is None else args.epsilon
     print(f"hetsync state server on http://{server.host}:{server.port}/ "
           f"({args.workers} workers, epsilon {eps})", flush=True)

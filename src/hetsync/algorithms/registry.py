@@ -106,6 +106,14 @@ class ModeSpec:
     def needs_parameter_server(self, collective: str) -> bool:
         return self.parameter_server or (self.collective and collective == "ps")
 
+    @property
+    def asynchronous(self) -> bool:
+        """No common round: each worker talks only to the parameter server and agrees with
+        the others through the store (so they may checkpoint apart, and lose one another)."""
+        from hetsync.algorithms.base import ControlPath
+
+        return self.worker.control is ControlPath.STORE
+
 
 _REGISTRY: dict[str, ModeSpec] = {}
 _loaded = False

@@ -14,9 +14,9 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,8 +40,10 @@ class LoadResult:
 def _request(rank: int, round_: int, step_time: float) -> bytes:
     body = json.dumps({"rank": rank, "round": round_, "steps": 1,
                        "step_time": step_time}).encode()
+    token = os.environ.get("HETSYNC_TOKEN")  # the server started below reads it too
+    auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
     return (b"POST /report HTTP/1.1\r\nHost: state\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            b"%sContent-Length: %d\r\n\r\n%s" % (auth, len(body), body))
 
 
 async def _client(host: str, port: int, rank: int, count: int, latencies: list,
@@ -94,7 +96,9 @@ def start_server(workers: int) -> tuple[subprocess.Popen, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hetsync bench state", description=__doc__.split("\n")[0])
+    from hetsync.config import ArgumentParser
+
+    parser = ArgumentParser(prog="hetsync bench state", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--json", default=None, help="also write the result here")
@@ -102,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.clients <= 1024 or args.requests < args.clients:
         parser.error(f"--clients {args.clients} / --requests {args.requests}: need "
                      f"1 <= clients <= 1024 and requests >= clients")
-    proc, port = start_server(args.clients)
+    try:
+        proc, port = start_server(args.clients)
+    except RuntimeError as err:
+        print(f"hetsync bench state: error: {err}", file=sys.stderr)
+        return 1
     try:
         result = asyncio.run(drive("127.0.0.1", port, args.requests, args.clients))
     finally:

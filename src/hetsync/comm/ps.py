@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Iterable, Protocol, runtime_checkable
 
 import torch
@@ -41,7 +42,7 @@ from .errors import CommError, CommTimeoutError, ProtocolError
 from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
-from .wire import (HEADER_BYTES, HEADER_LEN, Field, Header, Op, Payload,
+from .wire import (HEADER_BYTES, HEADER_LEN, MAX_NUMEL, Field, Header, Kind, Op, Payload,
                    SparseMessage, Status, decode, describe, payload_tensors, receive_buffers)
 
 TAG_REQUEST = 0x4854
@@ -114,11 +115,14 @@ class ParameterServer:
             synchronous sums are served.
         timeout: seconds the server waits for any single transfer, including the wait for
             the next request from any worker; ``None``: the process-wide default.
-        numel: the model's length: every push must have it, a sum at most that; ``None``:
-            any length up to :data:`~hetsync.comm.wire.MAX_NUMEL`.
-        linger: once a worker has said BYE, how long the others may stay silent before they
-            are taken for lost (a worker that died never says BYE) and the server returns,
-            naming them in ``stats.lost``; ``None``: wait ``timeout``, then raise.
+        numel: the model's length: every push must have it; ``None``: any length up to
+            :data:`~hetsync.comm.wire.MAX_NUMEL`.
+        sum_numel: the longest sum (the model with its BatchNorm statistics; default
+            ``numel``).
+        linger: once a worker has said BYE (the run is over), how long the others may stay
+            silent before they are taken for lost (a worker that died never says BYE) and the
+            server returns, naming them in ``stats.lost``; ``None``: wait ``timeout``, then
+            raise.
 
     The loop, one request at a time:
 
@@ -140,7 +144,7 @@ class ParameterServer:
 
     def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
                  timeout: float | None = None, numel: int | None = None,
-                 linger: float | None = None):
+                 sum_numel: int | None = None, linger: float | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -151,13 +155,15 @@ class ParameterServer:
         if rule is not None and not isinstance(rule, ServerRule):
             raise ValueError(f"rule must have pull(worker) and push(worker, update), got "
                              f"{type(rule).__name__}")
-        if numel is not None and (isinstance(numel, bool) or not isinstance(numel, int)
-                                  or numel < 1):
-            raise ValueError(f"numel must be a positive int or None, got {numel!r}")
+        for name, value in (("numel", numel), ("sum_numel", sum_numel)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if linger is not None and not 0 < linger < float("inf"):
             raise ValueError(f"linger must be a finite number of seconds > 0, got {linger!r}")
         self.workers = tuple(sorted(workers))
         self.numel = numel
+        self.sum_numel = numel if sum_numel is None else sum_numel
         self.linger = linger
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
@@ -217,10 +223,11 @@ class ParameterServer:
                                 for o in self._error_ops(w, s, Status.ROUND_ABORTED, r)],
                                OP_NAMES[Op.SUM])
 
+        said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         while open_workers:
             timeout = resolve_timeout(self.timeout)
-            lingering = self.linger is not None and len(open_workers) < len(self.workers)
+            lingering = self.linger is not None and said_bye
             if lingering:
                 timeout = min(timeout, self.linger)
             try:
@@ -244,6 +251,8 @@ class ParameterServer:
                 detail = Field[err.field.upper()] if err.field and \
                     err.field.upper() in Field.__members__ else 0
                 status = Status.BAD_PAYLOAD if err.field == "payload" else Status.BAD_HEADER
+                if err.field != "payload":
+                    self._drain(raw, src)
                 self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
                 self.stats.refused.append({"rank": src, "field": err.field,
                                            "error": str(err)})
@@ -271,7 +280,25 @@ class ParameterServer:
             else:  # BYE
                 self._transfer(self._reply_ops(src, header.seq, None), op)
                 close(src)
+                said_bye = True
         return self.stats
+
+    def _drain(self, raw: torch.Tensor, src: int) -> None:
+        """Receive and drop the payload of a refused request whose header is sane and within
+        bounds: its sender posted it with the header and would otherwise wait on it until its
+        timeout instead of reading the refusal."""
+        try:
+            header = decode(raw, src)
+        except ProtocolError:
+            return  # its sizes cannot be trusted
+        if header.kind == Kind.EMPTY or header.numel > (self.sum_numel or MAX_NUMEL):
+            return
+        bufs, _ = receive_buffers(header)
+        try:
+            self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], "ps/serve",
+                           timeout=min(resolve_timeout(self.timeout), 5.0))
+        except CommError:
+            pass
 
     def _receive(self, raw: torch.Tensor, src: int, open_workers: set[int], seq: int,
                  round_: int, rounds: dict) -> tuple[Header, Payload]:
@@ -290,12 +317,16 @@ class ParameterServer:
             raise ProtocolError(
                 f"refused header from rank {src}: field 'seq' = {header.seq}: "
                 f"expected {seq}", peer=src, field="seq", value=header.seq)
-        if self.numel is not None and (header.numel > self.numel or (
-                header.op == Op.PUSH_PULL and header.numel != self.numel)):
+        if header.op == Op.PUSH_PULL and self.numel is not None and header.numel != self.numel:
             raise ProtocolError(
-                f"refused header from rank {src}: field 'numel' = {header.numel}: this "
-                f"server holds {self.numel} elements (a push must have that many, a sum "
-                f"at most)", peer=src, field="numel", value=header.numel)
+                f"refused header from rank {src}: field 'numel' = {header.numel}: a push "
+                f"must have the model's {self.numel} elements", peer=src, field="numel",
+                value=header.numel)
+        if header.op == Op.SUM and self.sum_numel is not None and header.numel > self.sum_numel:
+            raise ProtocolError(
+                f"refused header from rank {src}: field 'numel' = {header.numel}: a sum has "
+                f"at most {self.sum_numel} elements here", peer=src, field="numel",
+                value=header.numel)
         if header.op == Op.SUM:
             self._check_sum(header, round_, rounds)
         op = OP_NAMES[Op(header.op)]
@@ -402,16 +433,26 @@ class PSClient:
         header = Header(op=op, sender=self.rank, seq=self._seq, round=round,
                         **describe(payload))
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
-        ops = [(RECV, raw, server, TAG_REPLY), (SEND, header.encode(), server, TAG_REQUEST)]
-        ops += [(SEND, x, server, TAG_REQUEST_PAYLOAD) for x in payload_tensors(payload)]
-        p2p.transfer(ops, view=self._view, op=name, timeout=t)
+        deadline = time.monotonic() + t
+        answer = p2p.post(RECV, raw, server, view=self._view, op=name, timeout=t, tag=TAG_REPLY)
+        sends = [p2p.post(SEND, header.encode(), server, view=self._view, op=name, timeout=t,
+                          tag=TAG_REQUEST)]
+        sends += [p2p.post(SEND, x, server, view=self._view, op=name, timeout=t,
+                           tag=TAG_REQUEST_PAYLOAD) for x in payload_tensors(payload)]
+        answer.wait(deadline)
+        sends[0].wait(deadline)
         self._seq += 1
         reply = decode(raw, server, expect=(Op.REPLY, Op.ERROR))
+        if reply.op != Op.ERROR:  # (refused, its payload may never be read: not waited for)
+            for pending in sends[1:]:
+                pending.wait(deadline)
         if reply.seq != header.seq:
             raise ProtocolError(f"refused reply from rank {server}: field 'seq' = {reply.seq}: "
                                 f"expected {header.seq}", peer=server, field="seq",
                                 value=reply.seq)
         if reply.op == Op.ERROR:
+            if reply.status in (Status.BAD_HEADER, Status.BAD_PAYLOAD):
+                self.closed = True  # the server serves this worker no more: no goodbye
             raise CommError(f"{name}: parameter server (rank {server}) refused request "
                             f"{header.seq} from rank {self.rank}: {_explain(reply)}",
                             op=name, peer=server)

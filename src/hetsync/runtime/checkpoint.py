@@ -3,13 +3,16 @@
 What a checkpoint holds (one file per worker, `RUN_DIR/checkpoints/NNNNNN/rank-R.pt`):
 
 1. rank 0's file: the **global model** (what evaluation sees, the parameter server's weights in
-   the asynchronous modes), the loop's counters (elapsed and training time, samples seen, the
-   last evaluation) and the last round recorded;
+   the asynchronous modes), taken after what was in flight is settled;
 2. every worker's file: its optimizer's state, its mode's `state_dict` (round counter, outer
-   optimizer, sparse memories, ...), and its data position (epoch, batch).
+   optimizer, sparse memories, ...), its data position (epoch, batch), the last round it
+   recorded, and the loop's clock and counters (elapsed and training time, samples seen by
+   all, evaluations; rank 0's are the ones that matter: it decides when to stop).
 
 When: at every `--checkpoint-every`-th agreed evaluation and at the agreed stop, after the
-round's record, so every worker of a collective mode writes at the same round. Each file is
+round's record, so every worker of a collective mode writes at the same round (a worker of
+an asynchronous mode, which takes part in no evaluation, every as many `--eval-interval`s of
+its own training time). Writing is not training: its time counts as evaluation. Each file is
 written to a temporary name, fsynced and renamed (then the directory fsynced): a crash leaves
 the previous checkpoint whole. The last `KEEP` checkpoints are kept.
 
@@ -17,7 +20,9 @@ Resuming (`launch --resume RUN_DIR`, `worker --resume`): each rank lists the che
 file of its own loads (`torch.load(weights_only=True)`; a corrupt or truncated one is reported
 and skipped); a collective mode takes the newest that every worker can load, an asynchronous
 one each worker's newest. Every worker — and the parameter server — starts from rank 0's
-global model of that checkpoint, then loads its own optimizer, mode state and data position.
+global model of that checkpoint (rank 0 reads it and broadcasts it: across machines only its
+host has the file), then loads its own optimizer, mode state and data position; every rank
+takes rank 0's clock, and the count of samples goes on from rank 0's.
 The run's logs are cut back to the checkpoint (records after it are dropped) and appended to,
 so the curves continue.
 

@@ -40,16 +40,17 @@ class CollectiveControl:
     def __init__(self) -> None:
         self.samples_seen = 0
 
+    def resume(self, samples_seen: int) -> None:
+        """Count on from a checkpoint's samples (every worker, alike)."""
+        self.samples_seen = samples_seen
+
     def agree(self, summed: torch.Tensor) -> Agreement:
         self.samples_seen += int(round(float(summed[0])))
         return Agreement(self.samples_seen, bool(summed[1] > 0), bool(summed[2] > 0))
 
 
-class LocalControl:
+class LocalControl(CollectiveControl):
     """One worker: its proposal is the agreement."""
-
-    def __init__(self) -> None:
-        self.samples_seen = 0
 
     def exchange(self, proposal: Proposal) -> Agreement:
         self.samples_seen += proposal.samples
@@ -63,6 +64,12 @@ class StoreControl:
 
     def __init__(self, store, rank: int):
         self.store, self.rank = store, rank
+
+    def resume(self, samples_seen: int) -> None:
+        """Count on from rank 0's checkpoint (the store's count is the cluster's: rank 0
+        adds it once, before the workers start)."""
+        if self.rank == 0:
+            self.store.add(self.SAMPLES, samples_seen)
 
     def exchange(self, proposal: Proposal) -> Agreement:
         seen = int(self.store.add(self.SAMPLES, proposal.samples))

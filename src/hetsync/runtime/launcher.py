@@ -97,7 +97,8 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
                host: int | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "a" if self.resume else "w")
+        again = self.resume or name in self.procs  # (a restart keeps what the last one said)
+        log = open(self.logs / f"{name}.log", "a" if again else "w")
         argv = [sys.executable, "-m", self.module, *args]
         if host is not None:
             argv = self.network.command(host, argv)
@@ -195,12 +196,14 @@ class Cluster:
         """Go on without the worker `name` that died, where the mode can: an asynchronous
         mode (each worker talks only to the parameter server, agreement through the store),
         any worker but rank 0, which evaluates and decides when to stop. Whether it can."""
-        from hetsync.algorithms.base import ControlPath
-
         rank = name.removeprefix("rank-")
-        if not (self.cfg.needs_ps and self.cfg.spec.worker.control is ControlPath.STORE
+        if not (self.cfg.needs_ps and self.cfg.spec.asynchronous
                 and rank.isdigit() and int(rank) != 0):
             return False
+        records = self.run_dir / f"worker-{rank}.jsonl"
+        if not (records.exists() and records.stat().st_size > 0):
+            return False  # it died setting up: the others wait for it in a collective
+
         self.lost.add(name)
         return True
 

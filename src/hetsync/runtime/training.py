@@ -126,7 +126,7 @@ class TrainingLoop:
         self._position = (0, 0)                 # data position: (epoch, batches of it taken)
         self._last_recorded = 0
         self._restored: dict | None = None
-        self._next_checkpoint = cfg.checkpoint_every * cfg.eval_interval  # (async, rank > 0)
+        self._next_checkpoint = self._checkpoint_after(0.0)
 
     @property
     def pauses_everyone(self) -> bool:
@@ -278,23 +278,31 @@ class TrainingLoop:
         counters and data position; the model, optimizer and mode were restored before."""
         self._restored = checkpoint
         self._evaluations = int(checkpoint["loop"]["evaluations"])
-        self._next_checkpoint = checkpoint["loop"]["train_time"] + (
-            self.cfg.checkpoint_every * self.cfg.eval_interval)
+        self._next_checkpoint = self._checkpoint_after(checkpoint["loop"]["train_time"])
+        self.control.resume(int(checkpoint["loop"]["samples_seen"]))
         self._last_recorded = int(checkpoint["recorded_round"])
         epoch, batch = checkpoint["data"]["epoch"], checkpoint["data"]["batch"]
         self.batches.resume_at(epoch, batch)
         self._position = (epoch, batch)
 
-    def _write_checkpoint(self, st: LoopState, recorded: int | None = None) -> None:
+    def _checkpoint_after(self, train_time: float) -> float:
+        """When an asynchronous mode's worker > 0 writes its next checkpoint."""
+        return train_time + self.cfg.checkpoint_every * self.cfg.eval_interval
+
+    def _write_checkpoint(self, st: LoopState) -> None:
         for stamp, state in self._snapshots:
             # Deferred snapshots would die with the process: they go to disk with the
             # checkpoint (evaluated at the end, resumed or not), and out of memory.
             self.checkpointer.spill(stamp, state)
         self._snapshots = []
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
+        start = time.perf_counter()
+        if self.rank == 0 and not self.mode.collective_global_model:
+            with self.mode.global_model():  # as settled: the same global as the mode's state
+                self._global_state = {k: v.detach().to("cpu", copy=True)
+                                      for k, v in self.mode.model.state_dict().items()}
         now = time.perf_counter()
-        state = {"round": self.mode.round,
-                 "recorded_round": self._last_recorded if recorded is None else recorded,
+        state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode,
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
                  "data": {"epoch": self._position[0], "batch": self._position[1]},
@@ -308,8 +316,8 @@ class TrainingLoop:
             state["global"] = self._global_state
         self.checkpointer.write(state)
         self._checkpoint_due, self._global_state = False, None
-        self._next_checkpoint = state["loop"]["train_time"] + (
-            self.cfg.checkpoint_every * self.cfg.eval_interval)
+        st.eval_total += time.perf_counter() - start  # writing it is not training
+        self._next_checkpoint = self._checkpoint_after(state["loop"]["train_time"])
 
     def _loop_state(self, t0: float) -> LoopState:
         if self._restored is None:
@@ -369,10 +377,10 @@ class TrainingLoop:
             # ---- the round ends: the agreement's other half, the record, acting on it
             agreement = self._after_apply(st, rnd, agreement)
             stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
-            if self._checkpoint_due:  # before the record: its time is this round's eval_s
-                self._write_checkpoint(st, recorded=finished_round)
             self._record(finished_round, rnd, st, epoch)
             rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
+            if self._checkpoint_due:  # its time: the next round's eval_s, not training
+                self._write_checkpoint(st)
             if stop:
                 break
         mode.finish()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import hetsync
-from hetsync.algorithms.base import flatten
+from hetsync.algorithms.base import bn_statistics, flatten
 from hetsync.algorithms.registry import build_server_rule
 from hetsync.compression import Layout
 from hetsync.config import Config, ConfigError
@@ -58,9 +58,10 @@ def default_run_name(cfg: Config) -> str:
 
 
 def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
-                resume: bool = False) -> Path:
+                resume: bool | str = False) -> Path:
     """Run this process's part of the run (worker or parameter server); returns the run dir.
-    `resume`: continue `run_dir` from its last checkpoint (`checkpoint.py`)."""
+    `resume`: continue `run_dir` from its last checkpoint (`checkpoint.py`); `IF_ANY`: if
+    there is one."""
     cfg.validate()
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if world != cfg.world_size:
@@ -95,7 +96,7 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
 
 
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
-         resume: bool) -> Path:
+         resume: bool | str) -> Path:
     from hetsync.comm import set_default_timeout
     from hetsync.data import ShardSampler, load_dataset
     from hetsync.models import build_model
@@ -116,7 +117,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     group, channel_group = ((dist.new_group(workers), dist.new_group(workers)) if world > 1
                             else (None, None))
 
-    own, index = _find_checkpoint(cfg, rank, run_dir, is_server) if resume else (None, None)
+    own, index = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
+                  else (None, None))
     data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
     # the data is not one batch; nothing is written before the data is known to be good
@@ -181,7 +183,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
             state = loop.run(t0)
             if rank == 0:
-                wall = time.perf_counter() - t0
+                wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
                 train_time = state.train_time(time.perf_counter())
                 loop.evaluate_snapshots()  # deferred evaluation: after the clock stopped
                 # paused_s: evaluation time during which every worker waited (collective modes,
@@ -201,15 +203,23 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     return run_dir
 
 
-def _find_checkpoint(cfg: Config, rank: int, run_dir: Path,
-                     is_server: bool) -> tuple[dict | None, int]:
-    """(this worker's checkpoint, the index whose rank-0 global model every process starts
-    from); the choice is agreed through one all-gather of what each worker can load."""
-    from hetsync.algorithms.base import ControlPath
+#: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,
+#: else start afresh (the dead attempt's records removed).
+IF_ANY = "if-any"
 
+
+def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
+                     resume: bool | str) -> tuple[dict | None, int | None]:
+    """(this worker's checkpoint, the index whose rank-0 global model every process starts
+    from); the choice is agreed through one all-gather of what each worker can load, and every
+    rank takes rank 0's clock (the records' common time origin)."""
     mine = [] if is_server else checkpoint.loadable(run_dir, rank)
     lists = [json.loads(t) for t in gather_texts(json.dumps(mine))][:cfg.workers]
-    collective = cfg.spec.worker.control is not ControlPath.STORE
+    if resume == IF_ANY and not any(lists):
+        if not is_server:
+            _cut_logs(run_dir, rank, None)
+        return None, None
+    collective = not cfg.spec.asynchronous
     chosen = [checkpoint.choose(lists, r, collective) for r in range(cfg.workers)]
     if any(c is None for c in chosen):
         who = ("that every worker can load" if collective else
@@ -217,6 +227,9 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path,
         raise checkpoint.CheckpointError(
             f"--resume {run_dir}: no checkpoint {who} in {Path(run_dir) / checkpoint.DIR}")
     own = None if is_server else checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
+    clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
+    if own is not None:
+        own["loop"]["t"] = clock
     if rank == 0:
         print(f"resuming from checkpoint {chosen[0]}: round {own['round']}, training time "
               f"{own['loop']['train_time']:.1f} s", file=sys.stderr, flush=True)
@@ -235,12 +248,13 @@ def _load_global(model: torch.nn.Module, run_dir: Path, index: int, rank: int,
                 dist.broadcast(tensor, src=0)
 
 
-def _cut_logs(run_dir: Path, rank: int, own: dict) -> None:
-    """Drop the records written after this rank's checkpoint (that work is being redone)."""
-    last = own["recorded_round"]
+def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
+    """Drop the records written after this rank's checkpoint (that work is being redone; no
+    checkpoint: all of them)."""
+    last = -1 if own is None else own["recorded_round"]
     checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", lambda r: r.get("round", 0) <= last)
     if rank == 0:
-        until = own["loop"]["train_time"] + 1e-6
+        until = -1.0 if own is None else own["loop"]["train_time"] + 1e-6
         checkpoint.cut_jsonl(run_dir / "eval.jsonl",
                              lambda r: (r.get("train_time") or 0.0) <= until)
 
@@ -255,8 +269,11 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> Non
             if cfg.spec.server_rule is not None else None)
     # A worker that died never says goodbye: once the others have, it is given up after
     # `linger` (the asynchronous modes go on without a lost worker; see launcher.py).
+    # A sum may also carry the BatchNorm statistics (sync, ESync and SelSync over `-C ps`).
+    stats_numel = sum(t.numel() for t in bn_statistics(model))
     server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout,
-                             numel=weights.numel(), linger=min(cfg.timeout, 30.0))
+                             numel=weights.numel(), sum_numel=weights.numel() + stats_numel,
+                             linger=min(cfg.timeout, 30.0))
     start = time.perf_counter()
     stats = server.serve()
     sent, recv = meter.totals()

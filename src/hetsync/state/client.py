@@ -19,6 +19,11 @@ class StateServerError(RuntimeError):
     pass
 
 
+def valid_token(token: str) -> bool:
+    """A token travels in an HTTP header: printable ASCII, no spaces, at most 256."""
+    return 0 < len(token) <= 256 and all(33 <= ord(c) <= 126 for c in token)
+
+
 class StateClient:
     """Talks to `hetsync state-server` at host:port; every attempt is bounded by `timeout`
     seconds. A server that cannot be reached (it died, it is restarting) is tried again with
@@ -31,6 +36,9 @@ class StateClient:
         self.host, self.port, self.timeout = host, port, timeout
         self.retry_s = timeout if retry_s is None else retry_s
         token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
+        if token is not None and not valid_token(token):
+            raise StateServerError("the state server's token (--token / HETSYNC_TOKEN) must be "
+                                   "1 to 256 printable ASCII characters without spaces")
         self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._conn: http.client.HTTPConnection | None = None
         #: how many times a request had to be tried again (a lost connection, a restart)

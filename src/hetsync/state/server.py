@@ -25,7 +25,7 @@ constant time.
 
 It runs on uvicorn (httptools parser, uvloop where installed): one process and one event loop,
 so the tracker needs no lock; a production ASGI server, where Flask's development server
-answered 858 requests/s with a p99 of 28 ms (issue 17's measurement; `benchmarks/state_load.py`
+answered 858 requests/s with a p99 of 28 ms (issue 17's measurement; `hetsync bench state`
 measures this one).
 """
 
@@ -52,6 +52,7 @@ from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from hetsync.config import MAX_WORKERS
+from hetsync.state.client import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
 
 DEFAULT_PORT = 10010
@@ -291,6 +292,9 @@ class StateServer:
         if epsilon is not None and not -1 < epsilon < 1:
             raise ServerConfigError(f"--epsilon {epsilon}: must be 'auto' or a fraction in (-1, 1)")
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        if token is not None and not valid_token(token):
+            raise ServerConfigError("--token: invalid value; expected 1 to 256 printable "
+                                    "ASCII characters without spaces")
         if token is None and not is_loopback(host):
             raise ServerConfigError(
                 f"--host {host} is reachable from other machines: give a shared secret with "
@@ -303,7 +307,9 @@ class StateServer:
             self._socket.listen(1024)
         except (OSError, OverflowError) as err:
             self._socket.close()
-            raise ServerConfigError(f"cannot listen on {host}:{port}: {err}") from err
+            why = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise ServerConfigError(f"--port: invalid value {port}; cannot listen on "
+                                    f"{host}:{port} ({why})") from None
         self.host, self.port = host, self._socket.getsockname()[1]
         self.app = create_app(workers, epsilon, token=token)
         config = uvicorn.Config(self.app, http=_TimedProtocol, loop="auto",
