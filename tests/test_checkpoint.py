@@ -59,7 +59,7 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tmp_path, da
         class Evil:
             def __reduce__(self):
                 return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
-        newest.write_bytes(pickle.dumps({"version": 1, "x": Evil()}))
+        newest.write_bytes(pickle.dumps({"version": 1, "x": Evil()}, protocol=2))
     assert checkpoint.loadable(tmp_path, rank=0) == [1]
     err = capsys.readouterr().err
     assert "skipping checkpoint 2" in err and str(newest) in err
