@@ -202,6 +202,11 @@ class TrainingLoop:
             self._record_evaluation(stamp, evaluate(model, self.test_set, self.device))
         for path in spilled:
             path.unlink()
+        if spilled:
+            try:
+                spilled[0].parent.rmdir()
+            except OSError:
+                pass
         count, self._snapshots = len(spilled) + len(self._snapshots), []
         return count
 
