@@ -110,3 +110,12 @@ def test_the_toy_mode_runs_through_wrap():
         assert rounds == 1 + 12 // 3
         assert losses[-1] < losses[0]
         torch.testing.assert_close(gathered[0], gathered[1])  # averaged after step 12
+
+
+def test_wrap_under_torchrun_without_a_process_group_says_so(monkeypatch):
+    """torchrun started 3 processes, the script forgot init_process_group: one clear error,
+    not three unrelated models."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=3 but no process group.*init_process_group"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync")

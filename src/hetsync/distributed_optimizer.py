@@ -18,6 +18,7 @@ mode's own options are keyword arguments (e.g. `global_lr=1.0, overlap=False` fo
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -115,6 +116,11 @@ def _workers_group(group, ps_rank: int | None):
     """(group, rank in it, size) of the workers: `group`, or the whole world less the
     parameter server's rank."""
     if not dist.is_initialized():
+        world = os.environ.get("WORLD_SIZE", "1")
+        if world not in ("", "1"):  # torchrun started several: they would train apart
+            raise ValueError(f"WORLD_SIZE={world} but no process group: call "
+                             f"torch.distributed.init_process_group(...) before hetsync.wrap, "
+                             f"or every process trains its own model")
         return None, 0, 1
     if group is None and ps_rank is not None:
         from hetsync.comm.channel import local_group
