@@ -115,6 +115,8 @@ def test_the_toy_mode_runs_through_wrap():
 def test_wrap_under_torchrun_without_a_process_group_says_so(monkeypatch):
     """torchrun started 3 processes, the script forgot init_process_group: one clear error,
     not three unrelated models."""
+    import hetsync
+
     monkeypatch.setenv("WORLD_SIZE", "3")
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"WORLD_SIZE=3 but no process group.*init_process_group"):
