@@ -315,7 +315,8 @@ class StateServer:
         config = uvicorn.Config(self.app, http=_TimedProtocol, loop="auto",
                                 lifespan="off", log_level="warning", access_log=False,
                                 timeout_keep_alive=KEEP_ALIVE,
-                                limit_concurrency=MAX_CONNECTIONS)
+                                limit_concurrency=MAX_CONNECTIONS,
+                                proxy_headers=False)  # no proxy in front: trust no header
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
