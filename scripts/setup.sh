@@ -31,4 +31,9 @@ if [ ! -f "$data/train-images-idx3-ubyte.gz" ] && [ -z "${HETSYNC_DATA:-}" ]; th
          "DIR/fashion-mnist/ and pass -dd DIR (or set HETSYNC_DATA=DIR)." >&2
   fi
 fi
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing Debian's chromium (the live page's browser test)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 \
+    || echo "setup: chromium not installed; the live page's browser test will be skipped"
+fi
 echo "setup: done ($(.venv/bin/hetsync --version), torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

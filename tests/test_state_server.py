@@ -190,7 +190,7 @@ def test_garbage_on_the_wire_is_answered_or_closed_not_held(server, payload):
 
 
 def test_a_half_sent_request_is_closed_after_the_request_timeout(server, monkeypatch):
-    import hetsync.state.server as module
+    import hetsync.serving as module
 
     monkeypatch.setattr(module, "REQUEST_TIMEOUT", 0.5)
     out = _raw_socket(server, b"POST /report HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",

@@ -52,7 +52,7 @@ def cmd_launch(args) -> int:
         _check_resumable(base, cfg, args.resume)
     preflight(cfg)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
-           resume=args.resume)
+           resume=args.resume, live=not args.no_live)
     return 0
 
 
@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last "
                    "checkpoint (its config; flags given override it, e.g. --time-budget)")
+    p.add_argument("--no-live", action="store_true",
+                   help="do not serve the run's live page (on loopback, a free port)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # known failures of a run: say what, not where
         from hetsync.runtime.launcher import LaunchError
         from hetsync.state import StateServerError
-        from hetsync.state.server import ServerConfigError
+        from hetsync.serving import ServerConfigError
         from hetsync.telemetry.runlog import RunLogError
 
         from hetsync.runtime.checkpoint import CheckpointError

@@ -275,7 +275,7 @@ def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
                            train_size=train_size, stream=stream, enabled=not quiet)
     try:
         with progress:
-            launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO())
+            launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO(), live=False)
     except LaunchError as err:
         result.error = str(err)
         print(f"[{k}/{n}] {label or run.label}: FAILED: {str(err).splitlines()[0]}",

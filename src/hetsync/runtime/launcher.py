@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hetsync.config import Config, ConfigError
 from hetsync.runtime.worker import default_run_name
-from hetsync.state.server import is_loopback
+from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
 from hetsync.telemetry.recorder import write_json_atomic
 
@@ -251,9 +251,10 @@ def open_network(cfg: Config):
 
 
 def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
-           stream=sys.stdout, resume: str | Path | None = None) -> Path:
+           stream=sys.stdout, resume: str | Path | None = None, live: bool = True) -> Path:
     """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure.
-    `resume`: a run directory to continue from its last checkpoint (`checkpoint.py`)."""
+    `resume`: a run directory to continue from its last checkpoint (`checkpoint.py`); `live`:
+    serve the run's live page on loopback while it goes on (`telemetry/live.py`)."""
     cfg.validate()
     if resume is not None:
         from hetsync.runtime import checkpoint
@@ -278,7 +279,13 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     if on_main_thread:  # Ctrl-C stops the run even if our parent left SIGINT ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    page = None
     try:
+        if live:
+            from hetsync.telemetry.live import LivePage
+
+            page = LivePage(run_dir).start()
+            print(f"live page: {page.url}", file=stream, flush=True)
         if cfg.spec.state_server:
             cluster.start_state_server()
         cluster.start_ranks(run_dir / "config.json")
@@ -321,6 +328,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             signal.signal(signal.SIGTERM, previous)
         progress.close()
         cluster.stop()
+        if page is not None:
+            page.stop()
         if network is not None:
             network.close()
     if interrupted:

@@ -12,11 +12,10 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
   that refreshes itself; `GET /healthz` → `{"ok": true}` (no token needed: it says nothing).
 
 Hardening: anything else — an unknown path, a wrong method, a body that is not a JSON object or
-larger than `MAX_BODY` (its head than `MAX_HEAD`), a missing or ill-typed field, a number out of its range (`LIMITS`; every
+larger than `MAX_BODY`, a missing or ill-typed field, a number out of its range (`LIMITS`; every
 float finite), a rank out of range — is answered with a 4xx JSON `{"error": ...}` naming what was
 wrong, and the server keeps serving; no request can make it allocate more than its bounds allow.
-A request must arrive whole within `REQUEST_TIMEOUT` seconds of its first byte, and an idle
-connection is closed after `KEEP_ALIVE` seconds, so half-sent requests do not hold connections.
+Heads, half-sent requests and idle connections are bounded by `hetsync.serving`.
 
 Who may talk to it: it binds to 127.0.0.1 unless told otherwise; bound anywhere else it refuses
 to start without a token (`--token` / `HETSYNC_TOKEN`), which every request but `/healthz` must
@@ -31,36 +30,26 @@ measures this one).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import html
-import ipaddress
 import json
 import math
 import os
-import socket
-import threading
 import time
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from hetsync.config import MAX_WORKERS
+from hetsync.serving import ServerConfigError, Service, is_loopback
 from hetsync.state.client import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
 
 DEFAULT_PORT = 10010
 MAX_BODY = 16 * 1024          # bytes: a report is ~100
-MAX_HEAD = 16 * 1024          # bytes: request line and headers
-REQUEST_TIMEOUT = 10.0        # seconds from a request's first byte to its last
-KEEP_ALIVE = 120              # seconds an idle keep-alive connection stays open
-MAX_CONNECTIONS = 2048
 TOKEN_ENV = "HETSYNC_TOKEN"
 #: The ranges of the numeric fields (inclusive): a step of an hour is already absurd, and
 #: rounds or steps beyond 2^40 would take centuries.
@@ -70,10 +59,6 @@ LIMITS = {"workers": (1, MAX_WORKERS), "rank": (0, MAX_WORKERS - 1), "round": (1
 
 class BadRequest(ValueError):
     pass
-
-
-class ServerConfigError(ValueError):
-    """The server cannot be started as asked (a bad host, a missing token)."""
 
 
 def _field(body: dict, name: str, kind: type, *, required: bool = True,
@@ -95,13 +80,6 @@ def _field(body: dict, name: str, kind: type, *, required: bool = True,
         if not low <= value <= high:
             raise BadRequest(f"field {name!r} must be in [{low}, {high}], got {str(value)[:40]}")
     return float(value) if kind is float else value
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
@@ -230,56 +208,7 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
     return guarded
 
 
-class _TimedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline per request and a bound on its head:
-    uvicorn closes idle keep-alive connections, but not one that sends half a request and
-    stops (or never sends one), and httptools accepts headers of any length."""
-
-    _deadline: asyncio.TimerHandle | None = None
-    _head = -1  # bytes received while a request's head is incomplete (-1: not in a head)
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        if self._deadline is None:  # a request begins: it has REQUEST_TIMEOUT to arrive whole
-            self._arm()
-        super().data_received(data)
-        if self._head >= 0 and not self.transport.is_closing():  # the head is still coming
-            self._head += len(data)
-            if self._head > MAX_HEAD:
-                self.send_400_response(f"request head over {MAX_HEAD} bytes")
-
-    def on_message_begin(self) -> None:
-        self._head = 0
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self._head = -1
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def connection_lost(self, exc) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        self._deadline = self.loop.call_later(REQUEST_TIMEOUT, self._expire)
-
-    def _expire(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-
-class StateServer:
+class StateServer(Service):
     """The service on a background thread (tests, `launch`) or in the foreground (CLI).
 
     `token`: required when `host` is not a loopback address (default: `HETSYNC_TOKEN`)."""
@@ -299,40 +228,4 @@ class StateServer:
             raise ServerConfigError(
                 f"--host {host} is reachable from other machines: give a shared secret with "
                 f"--token or {TOKEN_ENV} (every worker needs the same), or bind to 127.0.0.1")
-        try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self._socket = socket.socket(family, socket.SOCK_STREAM)
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._socket.bind((host, port))
-            self._socket.listen(1024)
-        except (OSError, OverflowError) as err:
-            self._socket.close()
-            why = err.strerror if isinstance(err, OSError) and err.strerror else err
-            raise ServerConfigError(f"--port: invalid value {port}; cannot listen on "
-                                    f"{host}:{port} ({why})") from None
-        self.host, self.port = host, self._socket.getsockname()[1]
-        self.app = create_app(workers, epsilon, token=token)
-        config = uvicorn.Config(self.app, http=_TimedProtocol, loop="auto",
-                                lifespan="off", log_level="warning", access_log=False,
-                                timeout_keep_alive=KEEP_ALIVE,
-                                limit_concurrency=MAX_CONNECTIONS,
-                                proxy_headers=False)  # no proxy in front: trust no header
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "StateServer":
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self._thread.start()
-        end = time.monotonic() + 10
-        while not self._server.started and self._thread.is_alive() and time.monotonic() < end:
-            time.sleep(0.01)
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.run(sockets=[self._socket])
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._socket.close()
+        super().__init__(create_app(workers, epsilon, token=token), host, port)
