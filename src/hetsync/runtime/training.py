@@ -164,16 +164,13 @@ class TrainingLoop:
             stamp = {"t": start - st.t0, "train_time": train_time,
                      "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
-                state = None
-                if self.deferred or self._checkpoint_due:
-                    state = {k: v.detach().to("cpu", copy=True)
-                             for k, v in self.mode.model.state_dict().items()}
                 if self.deferred:
-                    self._snapshots.append((stamp, state))
+                    self._snapshots.append((stamp, _cpu_state(self.mode.model)))
                 else:
                     result = evaluate(self.mode.model, self.test_set, self.device)
-                if self._checkpoint_due:
-                    self._global_state = state
+                if self._checkpoint_due and self.mode.collective_global_model:
+                    # only here can rank 0 see it (every worker takes part in making it)
+                    self._global_state = _cpu_state(self.mode.model)
             st.last_eval_train_time = train_time
             if not self.deferred:
                 st.last_acc = result.test_acc
@@ -276,7 +273,6 @@ class TrainingLoop:
         with self.mode.comm.clock.phase("wait"):
             return self.control.exchange(proposal)
 
-    # ------------------------------------------------------------------ the loop
     # ------------------------------------------------------------------ checkpoints
     def restore(self, checkpoint: dict) -> None:
         """Continue from `checkpoint` (this rank's, loaded by `checkpoint.py`): the loop's
@@ -304,8 +300,7 @@ class TrainingLoop:
         start = time.perf_counter()
         if self.rank == 0 and not self.mode.collective_global_model:
             with self.mode.global_model():  # as settled: the same global as the mode's state
-                self._global_state = {k: v.detach().to("cpu", copy=True)
-                                      for k, v in self.mode.model.state_dict().items()}
+                self._global_state = _cpu_state(self.mode.model)
         now = time.perf_counter()
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode,
@@ -332,6 +327,7 @@ class TrainingLoop:
                          last_eval_train_time=loop["last_eval_train_time"],
                          last_acc=loop["last_acc"], samples_seen=loop["samples_seen"])
 
+    # ------------------------------------------------------------------ the loop
     def run(self, t0: float) -> LoopState:
         mode, comm = self.mode, self.mode.comm
         timer = comm.timer
@@ -407,6 +403,11 @@ class TrainingLoop:
             "eval_s": st.eval_total - rnd.eval_total, "bytes_sent": sent - rnd.meter[0],
             "bytes_recv": recv - rnd.meter[1], "loss": rnd.loss_sum / max(rnd.steps, 1),
             "lr": self.mode.lr, "epoch": epoch, **self.mode.round_record()})
+
+
+def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of `model`'s state on the CPU (a snapshot, or a checkpoint's global model)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _meter_totals() -> tuple[int, int]:
