@@ -45,6 +45,16 @@ def test_header_round_trip():
     assert h.payload_bytes == 5 * (4 + 4)
 
 
+def test_only_a_push_carries_a_learning_rate():
+    h = Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=Kind.DENSE, dtype=1, numel=4, nnz=4,
+               rate=0.025)
+    assert wire.decode(h.encode(), 1).rate == 0.025
+    pull = Header(op=Op.PULL, sender=1, seq=0).encode()
+    pull[Field.RATE] = wire.rate_bits(0.025)
+    with pytest.raises(comm.ProtocolError, match="only PUSH_PULL carries a rate"):
+        wire.decode(pull, 1)
+
+
 def _bad(field: Field, value: int, **kw) -> torch.Tensor:
     raw = Header(**{"op": Op.PUSH_PULL, "sender": 1, "seq": 0, "kind": Kind.DENSE, "dtype": 1,
                     "numel": 4, "nnz": 4, **kw}).encode()
@@ -61,7 +71,9 @@ def _bad(field: Field, value: int, **kw) -> torch.Tensor:
     (Field.DTYPE, 99, "unknown dtype code"),
     (Field.NUMEL, -1, "not in"),
     (Field.NNZ, 3, "must equal numel=4 when dense"),
-    (Field.RESERVED, 1, "reserved"),
+    (Field.RATE, wire.rate_bits(float("nan")), "not a finite number"),
+    (Field.RATE, wire.rate_bits(-0.5), "not a finite number"),
+    (Field.RATE, wire.rate_bits(1e300), "not a finite number"),
 ])
 def test_decode_refuses_with_sender_and_field(field, value, needle):
     with pytest.raises(comm.ProtocolError, match=needle) as info:

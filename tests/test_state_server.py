@@ -24,6 +24,31 @@ def _raw(server, method, path, body=None, headers=None):
     return resp.status, data
 
 
+def test_a_state_server_serves_one_run_and_refuses_another(server):
+    first = StateClient(server.host, server.port)
+    first.init(workers=2, epsilon=0.0, run="run-a")
+    assert first.report(0, 1, 1, 0.01).ready
+    second = StateClient(server.host, server.port)
+    second.run = "run-b"   # a second run pointed at the same server
+    with pytest.raises(StateServerError, match="serves run run-a .* not run run-b"):
+        second.report(1, 1, 1, 0.05)
+    assert first.report(1, 1, 1, 0.05).ready   # the first run goes on
+    first.close()
+    second.close()
+
+
+def test_a_restarted_state_server_takes_the_run_of_the_first_report(server):
+    c = StateClient(server.host, server.port)
+    c.run = "run-a"        # no /init since the (re)start
+    assert c.report(0, 5, 1, 0.01).ready
+    other = StateClient(server.host, server.port)
+    other.run = "run-b"
+    with pytest.raises(StateServerError, match="serves run run-a"):
+        other.report(1, 5, 1, 0.01)
+    c.close()
+    other.close()
+
+
 def test_binds_to_loopback_by_default(server):
     assert server.host == "127.0.0.1"
 

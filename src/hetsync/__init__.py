@@ -14,3 +14,12 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
     from hetsync.distributed_optimizer import wrap as _wrap
 
     return _wrap(optimizer, model, mode, **kwargs)
+
+
+def serve_parameters(optimizer, model, mode: str = "async", **kwargs) -> bool:
+    """On the parameter server's rank of a mode that needs one: serve until every worker has
+    finished, and return True; elsewhere return False at once; see
+    `hetsync.distributed_optimizer.serve_parameters`."""
+    from hetsync.distributed_optimizer import serve_parameters as _serve
+
+    return _serve(optimizer, model, mode, **kwargs)

@@ -1,47 +1,85 @@
 """`hetsync.wrap`: adopt any mode in your own training loop by wrapping its optimizer.
 
-    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, mode="esync",
-                       state_server=("10.0.0.1", 10010))
-    for x, y in loader:
+    dist.init_process_group("gloo")                    # torchrun --nproc-per-node 3 ...
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.05), model, mode="esync")
+    for x, y in loader:                                # shards of any, even unequal, length
         opt.zero_grad()
         loss_fn(model(x), y).backward()
-        opt.step()      # the local update and whatever communication the mode requires
+        opt.step()          # the local update and whatever communication the mode requires
+    opt.finish()            # every worker ends here together, with the global model
 
-The mode is assembled by the same code as `hetsync worker` (`runtime/assembly.py`). The
-process group must be initialised first (`torch.distributed.init_process_group`). Every worker
-of `group` must construct the wrapper, since construction makes all of them start from rank
-0's model. With a parameter server (`async`, `dcasgd`, `--collective ps`), `ps_rank` names the
-rank that runs it (`hetsync.comm.ParameterServer` with
-`hetsync.algorithms.registry.build_server_rule`); the workers are then every other rank. A
-mode's own options are keyword arguments (e.g. `global_lr=1.0, overlap=False` for esync).
+1. Construction assembles the mode by the same code as `hetsync worker`
+   (`runtime/assembly.py`); every worker of the group constructs it, in the same order, and
+   starts from rank 0's model. A mode that needs ESync's state server and was given none gets
+   one: rank 0 serves it on a thread (on loopback when the group is on one machine, else on
+   the master's address with a token made for the run) and tells the others through the
+   process group's store. A mode with a parameter server needs one more process than workers:
+   the last rank calls `serve_parameters` instead of training.
+2. The wrapper is a `torch.optim.Optimizer` sharing the wrapped one's parameter groups and
+   state: learning-rate schedulers and `GradScaler` work on it as on the optimizer itself.
+   Under `GradScaler`, a worker whose gradients overflowed takes part in the step with zero
+   gradients (every worker must take part in every round) and its scale is lowered as usual.
+3. `step()`: the emulated slowdown (`slowdown=`: a slower device), the mode's decide and
+   apply, exactly as `hetsync worker`'s training loop does.
+4. `finish()` is an agreed stop for uneven inputs, as torch's `Join` and horovod's `join`: a
+   worker whose data has run out keeps taking part in the others' rounds, contributing nothing
+   (each round's sum counts its contributors and averages over them), until every worker has
+   finished; asynchronous modes count the finished workers in the store instead, watching
+   the others' heartbeats. Then every worker applies what is in flight and ends with the
+   global model (a parameter-server mode pulls the server's final weights).
+
+hetsync departs from `Join` in one way: the mean of a round is over the workers that
+contributed, not divided by all of them (`Join`'s `divide_by_initial_world_size`).
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import json
 import os
+import secrets
+import socket
+import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from hetsync.algorithms import registry
-from hetsync.algorithms.base import Step
+from hetsync.algorithms.base import ControlPath, Step
 from hetsync.config import COLLECTIVES
 from hetsync.runtime.assembly import assemble
+from hetsync.runtime.control import StoreJoin
+from hetsync.runtime.rounds import RoundAccount
+from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
 
 
-class DistributedOptimizer:
-    """An optimizer-shaped front over one mode: `step()`, `zero_grad()`, `param_groups`,
-    `state_dict()` (the optimizer's and the mode's); plus `round` and `clock` (the seconds
-    spent waiting and communicating)."""
+class DistributedOptimizer(torch.optim.Optimizer):
+    """The wrapped optimizer (see the module docstring): `step()`, `zero_grad()`,
+    `param_groups`, `state_dict()` (the optimizer's, with the mode's under ``"hetsync"``),
+    `finish()`; `round`, `clock` (seconds waiting and communicating) and `mode`."""
+
+    #: GradScaler hands its scale and overflow flag to `step` instead of skipping it
+    _step_supports_amp_scaling = True
+    _made = 0  # wrappers made in this process: their store keys apart
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str, *,
                  collective: str = "native", group=None,
                  state_server: tuple[str, int] | None = None, ps_rank: int | None = None,
-                 timeout: float = 120.0, slowdown: float = 1.0, **options):
+                 timeout: float = 120.0, slowdown: float = 1.0, run_dir=None, **options):
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("this optimizer is already wrapped by hetsync.wrap")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"hetsync.wrap wraps a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
         if collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; expected one of "
                              f"{', '.join(COLLECTIVES)}")
+        if not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout={timeout!r}: expected a finite number of seconds > 0")
         spec = registry.get(mode)
         if spec.baseline:
             raise ValueError(f"mode {mode!r} is PyTorch's own scheme, run by hetsync only as a "
@@ -49,67 +87,341 @@ class DistributedOptimizer:
         opts = spec.make_options(options)
         if opts is not None and hasattr(opts, "validate"):
             opts.validate()
+        self.optimizer = optimizer  # (before Optimizer's state: the properties read it)
+        self.__setstate__({"defaults": optimizer.defaults})  # hooks, as Optimizer.__init__
+        spec.worker.check_optimizer(optimizer)
+        server = spec.needs_parameter_server(collective)
+        if server:
+            ps_rank = parameter_server_rank() if ps_rank is None else ps_rank
+        group, rank, workers = _workers_group(group, ps_rank if server else None)
+        if spec.max_workers is not None and workers > spec.max_workers:
+            raise ValueError(f"mode {mode!r} trains on at most {spec.max_workers} worker(s); "
+                             f"this group has {workers}")
+        DistributedOptimizer._made += 1
+        prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
+        store = dist.distributed_c10d._get_default_store() if workers > 1 else None
+        self._state_server = None
+        token = None
         if spec.state_server and state_server is None:
-            raise ValueError(f"mode {mode!r} needs state_server=(host, port) of a running "
-                             f"`hetsync state-server`")
-        if spec.needs_parameter_server(collective) and ps_rank is None:
-            raise ValueError(f"mode {mode!r} with collective {collective!r} needs ps_rank, the "
-                             f"rank that runs the parameter server")
-        group, rank, workers = _workers_group(group, ps_rank)
+            self._state_server, state_server, token = _start_state_server(
+                rank, workers, store, prefix)
         self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
                                  group=group, collective=collective, timeout=timeout,
                                  state_server=state_server or ("127.0.0.1", 10010),
-                                 ps_rank=ps_rank, slowdown=slowdown)
+                                 state_token=token, ps_rank=ps_rank, slowdown=slowdown)
         self.mode = self.assembly.mode
-        self.optimizer = optimizer
+        common_round = workers > 1 and self.mode.control is not ControlPath.STORE
+        self._store_join = (StoreJoin(store, prefix, rank, workers, timeout)
+                            if workers > 1 and not common_round else None)
+        #: a mode whose sums do not count their contributors (a plugin's): the joined are
+        #: counted by a one-float all-reduce after every round instead
+        self._count_joined = common_round and not self.mode.counts_contributors
+        self._finished = False
+        self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
+                                      slowdown=slowdown, collective=collective,
+                                      lr=optimizer.param_groups[0]["lr"], options=opts,
+                                      timeout=timeout)
+                          if run_dir is not None else None)
         self._step_started = self.mode.comm.timer.begin()
 
+    # The wrapped optimizer's own groups, state and defaults: a scheduler that changes a
+    # group's rate changes the rate the mode's local update uses.
     @property
     def param_groups(self):
         return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups):
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, state):
+        self.optimizer.state = state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, defaults):
+        self.optimizer.defaults = defaults
 
     @property
     def round(self) -> int:
         return self.mode.round
 
     @property
+    def rank(self) -> int:
+        """This worker's rank among the workers (a parameter server's rank is not one)."""
+        return self.mode.comm.rank
+
+    @property
+    def workers(self) -> int:
+        """How many workers train (e.g. a `DistributedSampler`'s `num_replicas`)."""
+        return self.mode.comm.workers
+
+    @property
     def clock(self):
         return self.mode.comm.clock
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def __repr__(self) -> str:
+        return f"hetsync.wrap({self.optimizer!r}, mode={self.mode.name!r})"
 
     def step(self, closure=None):
         """The mode's step: emulated slowdown, decide, then the local update and whatever
         communication the decision needs (the time since the last step is this step's)."""
+        if self._finished:
+            raise RuntimeError("step() after finish(): this wrapped optimizer has ended "
+                               "(wrap a new one to train on)")
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        mode, timer = self.mode, self.mode.comm.timer
+        self._unscale()
+        mode, timer, clock = self.mode, self.mode.comm.timer, self.mode.comm.clock
+        waited = clock.total()
         timer.emulate()
+        ended = time.perf_counter()
         mode.poll()
-        mode.apply(mode.decide(Step(self._step_started, time.perf_counter())))
+        action = mode.decide(Step(self._step_started, ended))
+        finished_round = mode.round
+        applying, applied_waited = time.perf_counter(), clock.total()
+        mode.apply(action)
+        if action.ends_round and self._count_joined:
+            mode.comm.barrier(torch.zeros(1))
+        if self._recorder is not None:
+            self._recorder.step(self._step_started, ended, applying, waited, applied_waited,
+                                loss, finished_round if action.ends_round else None)
+        if self._store_join is not None:
+            self._store_join.beat()
         self._step_started = timer.begin()
         return loss
 
+    def _unscale(self) -> None:
+        """Under `GradScaler` (which sets `grad_scale` and `found_inf` on this optimizer
+        before `step`): unscale the gradients, or, where they overflowed, zero them — this
+        worker takes part in the round without its gradient."""
+        found_inf = getattr(self, "found_inf", None)
+        scale = getattr(self, "grad_scale", None)
+        if found_inf is None and scale is None:
+            return
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if found_inf is not None and float(found_inf) > 0:
+            for g in grads:
+                g.zero_()
+        elif scale is not None and grads:
+            inverse = float(scale.double().reciprocal())
+            torch._foreach_mul_(grads, inverse)
+
+    @contextmanager
     def global_model(self):
         """A context in which the model holds the global weights: evaluate inside it (ESync
-        applies its sums in the background and keeps its local steps apart meanwhile)."""
-        return self.mode.global_model()
+        applies its sums in the background and keeps its local steps apart meanwhile; in
+        SelSync every worker must enter it). Its time is evaluation, not training."""
+        started = time.perf_counter()
+        try:
+            with self.mode.global_model():
+                yield
+        finally:
+            if self._recorder is not None:
+                self._recorder.evaluated(time.perf_counter() - started)
+
+    def record_evaluation(self, test_acc: float, test_loss: float | None = None) -> None:
+        """Rank 0 (with `run_dir`): append an evaluation of the global model to
+        eval.jsonl, stamped with the training time so far; elsewhere nothing."""
+        if self._recorder is not None:
+            self._recorder.evaluation(test_acc, test_loss)
 
     def finish(self) -> None:
-        """Apply what is in flight, keep the global model, say goodbye to the servers and stop
-        the background channel, at the end of training."""
-        self.mode.finish()
-        self.assembly.close()
+        """The agreed stop (see the module docstring): take part in the others' rounds
+        until every worker has finished, then end together with the global model in the
+        model, saying goodbye to the servers and stopping the background channel."""
+        if self._finished:
+            return
+        self._finished = True
+        mode = self.mode
+        try:
+            joined_at = mode.round
+            mode.join()
+            if self._store_join is not None:
+                self._store_join.wait_for_all(meanwhile=mode.poll)
+            elif mode.comm.workers > 1:
+                while not self._everyone_joined(mode.join_step()):
+                    pass
+            mode.finish()
+            if mode.comm.workers > 1 and mode.comm.ps_client is None:
+                self._adopt_last_joiners_model(joined_at)
+            if self._recorder is not None:
+                self._recorder.finish(joined_at)
+        finally:
+            self.assembly.close()
+            if self._state_server is not None:
+                self._state_server.stop()
+
+    def _everyone_joined(self, action) -> bool:
+        """After a joined worker's step: whether the round it ended was everyone's last (the
+        sum had no contributor, or the count of the joined is P)."""
+        if not action.ends_round:
+            return False
+        if not self._count_joined:
+            self.mode.settle()
+            return self.mode.contributors == 0
+        return int(self.mode.comm.barrier(torch.ones(1))) == self.mode.comm.workers
+
+    def _adopt_last_joiners_model(self, joined_at: int) -> None:
+        """Every worker ends with the model of the last to finish (the highest rank of
+        those): the others stopped updating on their own schedule (e.g. a learning-rate
+        schedule stepped fewer times), as torch's `Join` does for DDP."""
+        comm = self.mode.comm
+        key = torch.tensor([joined_at * comm.workers + comm.workers - 1 - comm.rank],
+                           dtype=torch.int64, device=comm.wire_device)
+        dist.all_reduce(key, op=dist.ReduceOp.MAX, group=comm.group)
+        self.mode.broadcast_model(src=comm.workers - 1 - int(key) % comm.workers)
+
+    def __enter__(self) -> "DistributedOptimizer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:  # do not wait for the others: the exception says what went wrong
+            self._finished = True
+            self.assembly.close(wait=False)
+            if self._state_server is not None:
+                self._state_server.stop()
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "mode": self.mode.state_dict()}
+        """The wrapped optimizer's state dict, with the mode's state under ``"hetsync"``."""
+        return {**self.optimizer.state_dict(), "hetsync": {"mode": self.mode.state_dict()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.mode.load_state_dict(state["mode"])
+        state = dict(state)
+        ours = state.pop("hetsync", None)
+        self.optimizer.load_state_dict(state)
+        if ours is not None:
+            self.mode.load_state_dict(ours["mode"])
+
+
+class RunRecorder:
+    """A wrapped run's directory, as `hetsync worker` writes it (docs/design.md), so that
+    `hetsync summarize` and `plot` read it: every worker appends its rounds to
+    `worker-R.jsonl` (compute, wait, communication, bytes, samples: the batches its model
+    saw in training mode, counted by a forward pre-hook); rank 0 writes `run.json` (the
+    workers' hosts, devices and slowdowns, gathered through the store; rewritten with the
+    end time at `finish`) and the evaluations the user records (`eval.jsonl`). Time spent
+    inside `global_model()` is evaluation, apart from training time."""
+
+    def __init__(self, run_dir, mode, model, rank: int, workers: int, store, prefix: str, *,
+                 slowdown: float, collective: str, lr: float, options, timeout: float):
+        self.dir = Path(run_dir)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"run_dir={str(run_dir)!r}: cannot be made ({err.strerror})") \
+                from None
+        self.mode, self.rank = mode, rank
+        me = {"rank": rank, "host": socket.gethostname(),
+              "device": mode.comm.device_name, "slowdown": slowdown, "role": "worker"}
+        self.ranks = [me]
+        if store is not None:  # rank 0 learns every worker's (no pickle: JSON in the store)
+            store.set(f"{prefix}/rank-info/{rank}", json.dumps(me))
+            if rank == 0:
+                keys = [f"{prefix}/rank-info/{r}" for r in range(workers)]
+                try:
+                    store.wait(keys, datetime.timedelta(seconds=timeout))
+                except RuntimeError:
+                    raise ValueError(f"run_dir: not every worker gave one within {timeout:g} s "
+                                     f"(every worker must pass run_dir to hetsync.wrap)") \
+                        from None
+                self.ranks = [json.loads(store.get(key)) for key in keys]
+        self.t0, self.start_time = time.perf_counter(), time.time()
+        self.eval_total, self.epoch = 0.0, 0
+        self.round = RoundAccount()
+        self.info = {
+            "run_name": self.dir.name, "mode": mode.name, "mode_info": mode.describe(),
+            "config": {"mode": mode.name, "workers": workers, "lr": lr,
+                       "network": type(model).__name__,
+                       "collective": collective, "slowdowns": [r["slowdown"] for r in
+                                                               self.ranks],
+                       "options": {} if options is None else vars(options),
+                       "source": "hetsync.wrap"},
+            "hetsync_version": hetsync_version(), "torch_version": torch.__version__,
+            "python": sys.version.split()[0], "start_time": self.start_time,
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "workers": workers, "ranks": self.ranks}
+        self.records = JsonlWriter(self.dir / f"worker-{rank}.jsonl")
+        self.ended: float | None = None   # training time at `finish`
+        if rank == 0:
+            write_json_atomic(self.dir / "run.json", self.info)
+        self._hook = model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        if module.training and torch.is_grad_enabled():
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            self.round.samples += int(first.shape[0]) if first is not None and first.dim() else 0
+
+    def step(self, started: float, ended: float, applying: float, waited: float,
+             applied_waited: float, loss, finished_round: int | None) -> None:
+        """Account one step (times as the training loop takes them); record the round it
+        ended, if any."""
+        clock, rnd = self.mode.comm.clock, self.round
+        now, total = time.perf_counter(), clock.total()
+        rnd.compute += (ended - started) - (applied_waited - waited)
+        rnd.compute += (now - applying) - (total - applied_waited)
+        rnd.steps += 1
+        rnd.loss_sum += float(loss) if loss is not None else float("nan")
+        if finished_round is not None:
+            self.records.write(rnd.record(self.mode, self.rank, finished_round, self.t0,
+                                          self.eval_total, self.epoch))
+            self.round = RoundAccount(self.eval_total)
+
+    def evaluated(self, seconds: float) -> None:
+        """`seconds` spent evaluating (in `global_model()`): not training, not compute."""
+        self.eval_total += seconds
+        self.round.compute -= seconds
+
+    def train_time(self) -> float:
+        if self.ended is not None:
+            return self.ended
+        return time.perf_counter() - self.t0 - self.eval_total
+
+    def evaluation(self, test_acc: float, test_loss: float | None) -> None:
+        """Rank 0: one line of eval.jsonl (also after `finish`: the final model's)."""
+        if self.rank == 0:
+            with JsonlWriter(self.dir / "eval.jsonl") as out:
+                out.write({"t": time.perf_counter() - self.t0, "train_time": self.train_time(),
+                           "round": self.mode.round - 1, "test_acc": float(test_acc),
+                           "test_loss": None if test_loss is None else float(test_loss)})
+
+    def finish(self, joined_at: int) -> None:
+        """The steps since the last round's end went out with the first round after this
+        worker joined (`joined_at`): their record, with the wait for the others since."""
+        self._hook.remove()
+        if self.round.steps:
+            self.records.write(self.round.record(self.mode, self.rank, joined_at, self.t0,
+                                                 self.eval_total, self.epoch))
+        self.records.close()
+        self.ended = self.train_time()
+        if self.rank == 0:
+            wall = time.perf_counter() - self.t0
+            write_json_atomic(self.dir / "run.json", {
+                **self.info, "end_time": self.start_time + wall, "wall_s": wall,
+                "train_time": self.train_time(), "paused_s": 0.0})
+
+
+def hetsync_version() -> str:
+    from hetsync import __version__
+
+    return __version__
+
+
+def parameter_server_rank() -> int:
+    """The parameter server's rank when none is named: the last of the world."""
+    return dist.get_world_size() - 1 if dist.is_initialized() else 0
 
 
 def _workers_group(group, ps_rank: int | None):
@@ -121,12 +433,84 @@ def _workers_group(group, ps_rank: int | None):
             raise ValueError(f"WORLD_SIZE={world} but no process group: call "
                              f"torch.distributed.init_process_group(...) before hetsync.wrap, "
                              f"or every process trains its own model")
+        if ps_rank is not None:
+            raise ValueError("this mode needs a parameter server, a process of its own: start "
+                             "2 or more processes (torchrun --nproc-per-node N) and call "
+                             "hetsync.serve_parameters on the last rank")
         return None, 0, 1
-    if group is None and ps_rank is not None:
-        from hetsync.comm.channel import local_group
+    if ps_rank is not None:
+        world = dist.get_world_size()
+        if not 0 <= ps_rank < world or world < 2:
+            raise ValueError(f"ps_rank={ps_rank}: expected a rank in 0..{world - 1} of a "
+                             f"world of 2 or more processes (the server and a worker)")
+        if dist.get_rank() == ps_rank:
+            raise ValueError(f"rank {ps_rank} is the parameter server: call "
+                             f"hetsync.serve_parameters there, not hetsync.wrap")
+        if group is None:
+            from hetsync.comm.channel import local_group
 
-        group = local_group([r for r in range(dist.get_world_size()) if r != ps_rank])
+            group = local_group([r for r in range(world) if r != ps_rank])
     return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _one_host() -> bool:
+    """Whether every process of the group runs on this machine (torchrun's local world is
+    the whole world, or the rendezvous address is loopback)."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if local is not None and local == world:
+        return True
+    try:
+        return ipaddress.ip_address(os.environ.get("MASTER_ADDR", "127.0.0.1")).is_loopback
+    except ValueError:
+        return os.environ.get("MASTER_ADDR") == "localhost"
+
+
+def _start_state_server(rank: int, workers: int, store, prefix: str):
+    """Rank 0 starts ESync's state server on a thread on a free port and publishes where in
+    the store; every worker returns (server or None, (host, port), token)."""
+    from hetsync.state.server import StateServer
+
+    server = None
+    if rank == 0:
+        host = "127.0.0.1" if workers == 1 or _one_host() else os.environ["MASTER_ADDR"]
+        token = None if host == "127.0.0.1" else secrets.token_hex(16)
+        server = StateServer(workers, host=host, port=0, token=token).start()
+        where = f"{host} {server.port} {token or ''}"
+        if store is not None:
+            store.set(f"{prefix}/state-server", where)
+    else:
+        where = store.get(f"{prefix}/state-server").decode()
+    host, port, token = (where.split(" ") + [""])[:3]
+    return server, (host, int(port)), token or None
+
+
+def serve_parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                     mode: str = "async", *, collective: str = "native",
+                     ps_rank: int | None = None, timeout: float = 120.0, **options) -> bool:
+    """Run the parameter server of `mode`, if this process is its rank (the last, unless
+    `ps_rank` says otherwise) and the mode needs one: serve the workers until every one has
+    finished and return True. Otherwise return False at once. Call it with the same
+    arguments as `hetsync.wrap`, before it:
+
+        if hetsync.serve_parameters(optimizer, model, mode="async"):
+            return   # this process was the server
+        opt = hetsync.wrap(optimizer, model, mode="async")
+
+    The server starts from this process's model (the workers pull it) and applies the
+    mode's rule at the optimizer's learning rate."""
+    from hetsync.runtime.assembly import parameter_server
+
+    spec = registry.get(mode)
+    if not spec.needs_parameter_server(collective) or not dist.is_initialized():
+        return False
+    ps_rank = parameter_server_rank() if ps_rank is None else ps_rank
+    if dist.get_rank() != ps_rank:
+        return False
+    spec.worker.check_optimizer(optimizer)
+    workers = [r for r in range(dist.get_world_size()) if r != ps_rank]
+    parameter_server(spec, spec.make_options(options), model,
+                     optimizer.param_groups[0]["lr"], workers, timeout).serve()
+    return True
 
 
 def wrap(optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str = "esync",

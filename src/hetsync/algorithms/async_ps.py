@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
-                                     unflatten_into)
+                                     optimizer_settings, unflatten_into)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -113,6 +113,17 @@ class AsynchronousSGD(Mode):
     Options = AsyncOptions
     control = ControlPath.STORE
 
+    @classmethod
+    def check_optimizer(cls, optimizer: torch.optim.Optimizer) -> None:
+        """The server applies plain SGD to every push, at the optimizer's rate."""
+        group = optimizer.param_groups[0]
+        if type(optimizer) is not torch.optim.SGD or any(
+                group.get(k) for k in ("momentum", "weight_decay", "nesterov")):
+            raise ValueError(
+                f"mode {cls.name!r}: its parameter server applies plain SGD (w <- w - lr*g) to "
+                f"every push; {optimizer_settings(optimizer)} cannot be applied there: use "
+                f"torch.optim.SGD(params, lr=...) without momentum or weight decay")
+
     def setup(self) -> None:
         if self.comm.ps_client is None:
             raise ValueError(f"mode {self.name!r} needs a parameter server")
@@ -126,9 +137,17 @@ class AsynchronousSGD(Mode):
     def apply(self, action: Action) -> None:
         grad = flatten(gradients(self.parameters())).float().cpu()
         with self.comm.clock.phase("comm"):
-            weights = self.comm.ps_client.push_pull(grad)
+            weights = self.comm.ps_client.push_pull(grad, rate=self.lr)  # its schedule too
         unflatten_into(weights.to(self._device()), self.parameters())
         self.round += 1
+
+    def finish(self) -> None:
+        """Take the server's weights (after every worker's last push, under hetsync.wrap's
+        agreed stop), then say goodbye."""
+        with self.comm.clock.phase("comm"):
+            weights = self.comm.ps_client.pull()
+        unflatten_into(weights.to(self._device()), self.parameters())
+        super().finish()
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -185,6 +185,9 @@ class Mode:
     #: `global_model()` is a collective (the workers hold different models): every worker
     #: enters it at an evaluation
     collective_global_model: ClassVar[bool] = False
+    #: each round's sum counts its contributors (`with_count`) and sets `contributors`, so a
+    #: worker that has joined is left out of the mean and all learn when everyone has
+    counts_contributors: ClassVar[bool] = False
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  comm: CommContext, options: Any = None):
@@ -193,6 +196,16 @@ class Mode:
             options = self.Options()
         self.options = options
         self.round = 1
+        #: this worker's data has run out (`join`): it takes part contributing nothing
+        self.joined = False
+        #: how many workers put data into the last round's sum (collective modes; None until
+        #: a round has been summed): 0 means every worker has joined
+        self.contributors: int | None = None
+
+    @classmethod
+    def check_optimizer(cls, optimizer: torch.optim.Optimizer) -> None:
+        """Refuse (ValueError, one line) a user's optimizer this mode would not apply as
+        given (`hetsync.wrap`); every optimizer is fine for most modes."""
 
     @classmethod
     def optimizer_lr(cls, base_lr: float, options: Any) -> float:
@@ -228,6 +241,25 @@ class Mode:
         parameter server, if any."""
         if self.comm.ps_client is not None:
             self.comm.ps_client.close()
+
+    def join(self) -> None:
+        """This worker's data has run out (`hetsync.wrap`'s agreed stop, as torch's `Join`):
+        from now on it takes part in the others' rounds contributing nothing (`join_step`)
+        until all have joined."""
+        self.joined = True
+
+    def join_step(self) -> Action:
+        """One step of a joined worker: settle what is in flight, then the mode's step with
+        zero gradients (a mode that `counts_contributors` leaves it out of the mean; its
+        `decide` ends the round at once). Returns what the step did."""
+        self.settle()
+        for p in self.parameters():
+            p.grad = torch.zeros_like(p)
+        now = time.perf_counter()
+        self.poll()
+        action = self.decide(Step(now, now))
+        self.apply(action)
+        return action
 
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless
@@ -269,6 +301,14 @@ class Mode:
             dist.broadcast(buf, src=src_global, group=self.comm.group)
             if buf is not t.data:
                 t.data.copy_(buf)
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer) -> str:
+    """`SGD(lr=0.1, momentum=0.9)`: an optimizer and its non-zero numeric settings."""
+    group = optimizer.param_groups[0]
+    shown = [f"{k}={v:g}" for k, v in group.items() if k != "params" and v
+             and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return f"{type(optimizer).__name__}({', '.join(shown)})"
 
 
 def bn_statistics(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -315,3 +355,20 @@ def set_gradients(flat: torch.Tensor, params: list[torch.Tensor],
 def pack(parts: list[torch.Tensor]) -> torch.Tensor:
     """One contiguous buffer of `parts` (one collective for all of them)."""
     return torch.cat([p.reshape(-1) for p in parts])
+
+
+def with_count(buffer: torch.Tensor, contributes: bool) -> torch.Tensor:
+    """`buffer` (zeros if this worker contributes nothing: it has joined), then 1 or 0: the
+    sum's last entry counts its contributors."""
+    flag = torch.ones(1, dtype=buffer.dtype, device=buffer.device)
+    if contributes:
+        return torch.cat([buffer, flag])
+    return torch.cat([torch.zeros_like(buffer), flag * 0])
+
+
+def mean_of(summed: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the mean over its contributors, their count) of a sum of `with_count` buffers (zeros
+    when none contributed). With every worker contributing, the count is P: the mean is
+    the sum / P, as before joining existed."""
+    n = int(round(float(summed[-1])))
+    return (summed[:-1] / n if n > 0 else torch.zeros_like(summed[:-1])), n

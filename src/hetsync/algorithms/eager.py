@@ -115,10 +115,22 @@ class EagerSGD(Mode):
         params = self.parameters()
         results = self.engine.take_results()
         for _, mean in results:
-            set_gradients(mean, params)
-            self.optimizer.step()
+            if mean is not None:
+                set_gradients(mean, params)
+                self.optimizer.step()
         self.applied += len(results)
         return len(results)
+
+    def join(self) -> None:
+        """No data left (hetsync.wrap): the engine takes part in the others' rounds with
+        zeros; their means are applied as they come (`poll`)."""
+        super().join()
+        if self.engine is not None:
+            self.engine.join()
+
+    def poll(self) -> None:
+        if self.joined and self._engine_job is not None:
+            self._apply_rounds()
 
     def finish(self) -> None:
         """Run the final round with every worker, apply what is left, stop the engine."""

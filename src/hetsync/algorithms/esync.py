@@ -35,6 +35,7 @@ slowdown; the local update that follows it (a small fraction of a step) is not i
 
 from __future__ import annotations
 
+import secrets
 import statistics
 from collections import deque
 from contextlib import contextmanager
@@ -42,9 +43,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
-                                     pack, unflatten_into)
+                                     pack, unflatten_into, with_count)
 from hetsync.algorithms.outer import WEIGHTINGS, OuterOptimizer, combine, contribution
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.state.policy import Decision, would_overrun
@@ -103,6 +105,7 @@ def global_update(defaults: dict[str, Any], options: ESyncOptions) -> dict[str, 
 
 class ESync(Mode):
     name = "esync"
+    counts_contributors = True
     Options = ESyncOptions
     aggregation_pass = True
     #: the global update's defaults (ESync as published: the mean delta, applied at rate 1)
@@ -141,14 +144,28 @@ class ESync(Mode):
         return ControlPath.BACKGROUND if self.options.overlap else ControlPath.BLOCKING
 
     def setup(self) -> None:
-        """Rank 0 starts the state server's run afresh (before the broadcast, so before any
-        worker reports); every worker starts from rank 0's model."""
+        """Rank 0 draws the run's id and starts the state server's run afresh under it
+        (before the broadcast, so before any worker reports); every worker names the run in
+        its reports, and starts from rank 0's model."""
+        run = self._run_id()
         if self.comm.rank == 0:
-            self.comm.state_client.init(self.comm.workers, self.options.epsilon)
+            self.comm.state_client.init(self.comm.workers, self.options.epsilon, run=run)
+        self.comm.state_client.run = run
         self.broadcast_model()
         self._global = flatten(self.parameters()).clone()
         stats = bn_statistics(self.model)
         self._global_stats = pack(stats).clone() if stats else None
+
+    def _run_id(self) -> str:
+        """Rank 0's random id of this run, known to every worker (not from torch's generator:
+        the run's seeded streams stay as they were)."""
+        ident = torch.tensor([secrets.randbits(62) if self.comm.rank == 0 else 0])
+        if self.comm.workers > 1:
+            on_wire = ident.to(self.comm.wire_device)
+            src = 0 if self.comm.group is None else dist.get_global_rank(self.comm.group, 0)
+            dist.broadcast(on_wire, src=src, group=self.comm.group)
+            ident = on_wire.cpu()
+        return f"{int(ident):016x}"
 
     def poll(self) -> None:
         """Apply a sum that came in; at a round's first step, read the server's plan."""
@@ -160,6 +177,8 @@ class ESync(Mode):
             self._plan = None
 
     def decide(self, step: Step) -> Action:
+        if self.joined:  # no data left (hetsync.wrap): one round per step, no local update
+            return Action.AVERAGE_MODELS
         self._recent.append(step.duration)
         c = self.step_time = statistics.median(self._recent)
         if self._deadline is None:  # the round's first step
@@ -178,8 +197,9 @@ class ESync(Mode):
         return Action.LOCAL
 
     def apply(self, action: Action) -> None:
-        self.optimizer.step()
-        self.local_steps += 1
+        if not self.joined:
+            self.optimizer.step()
+            self.local_steps += 1
         if action is Action.AVERAGE_MODELS:
             self._aggregate()
 
@@ -193,8 +213,10 @@ class ESync(Mode):
         self._plan = self.comm.state_client.report_async(
             self.comm.rank, self.round + 1, 0, max(self.step_time, 1e-6), self.comm.device_name)
         self._sent = (local, sent_stats)
-        buffer = torch.cat([sent_stats, contribution(local - self._global, self.local_steps,
-                                                     self.weighting)])
+        # [stats, weighted delta, τ], then 1 if this worker took local steps (one that has
+        # joined under hetsync.wrap sends its last steps, then zeros, and is not counted)
+        buffer = with_count(torch.cat([sent_stats, contribution(
+            local - self._global, self.local_steps, self.weighting)]), self.local_steps > 0)
         if self.options.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"esync round {self.round}")
         else:
@@ -218,10 +240,13 @@ class ESync(Mode):
         (sent, sent_stats), self._sent = self._sent, None
         params, stats = self.parameters(), bn_statistics(self.model)
         m = sent_stats.numel()
-        self.outer.step(self._global, *combine(summed[m:], self.comm.workers, self.weighting))
+        count = self.contributors = int(round(float(summed[-1])))
+        if count:  # (none: every worker has joined; nothing to apply)
+            self.outer.step(self._global, *combine(summed[m:-1], count, self.weighting))
+            if stats:
+                self._global_stats = summed[:m] / count
         unflatten_into(self._global + (flatten(params) - sent), params)
         if stats:
-            self._global_stats = summed[:m] / self.comm.workers
             unflatten_into(self._global_stats + (pack(stats) - sent_stats), stats)
 
     @contextmanager

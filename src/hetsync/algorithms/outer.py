@@ -36,8 +36,8 @@ def contribution(delta: torch.Tensor, steps: int, weighting: str) -> torch.Tenso
         return torch.cat([delta, tau])
     if weighting == "samples":
         return torch.cat([delta * steps, tau])
-    if weighting == "fednova":
-        return torch.cat([delta / steps, tau])
+    if weighting == "fednova":  # (no steps: a worker that has joined sends zeros)
+        return torch.cat([delta / steps if steps else delta * 0, tau])
     raise ValueError(f"unknown weighting {weighting!r}; expected one of {', '.join(WEIGHTINGS)}")
 
 

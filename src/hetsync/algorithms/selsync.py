@@ -87,6 +87,7 @@ class SelSync(Mode):
     name = "selsync"
     Options = SelSyncOptions
     collective_global_model = True
+    counts_contributors = True
 
     def __init__(self, model, optimizer, comm, options: SelSyncOptions | None = None):
         super().__init__(model, optimizer, comm, options)
@@ -104,6 +105,8 @@ class SelSync(Mode):
 
     def decide(self, step: Step) -> Action:
         """Update the significance statistics from this step's gradient (no I/O)."""
+        if self.joined:  # no gradient of its own: it votes no (`apply`)
+            return Action.VOTE
         norm = sum(float(g.norm()) for g in gradients(self.parameters()))
         self._norms.append(norm)
         n = windowed_ewma(self._norms, self.options.alpha)
@@ -115,16 +118,23 @@ class SelSync(Mode):
         return Action.VOTE
 
     def apply(self, action: Action) -> None:
-        votes = self.comm.barrier(torch.tensor([float(self._vote)]), phase="comm")
+        # [votes, contributors]: a worker that has joined (hetsync.wrap) votes no, sends
+        # zeros and is not counted in the mean; it takes the mean of the others
+        votes = self.comm.barrier(torch.tensor([float(self._vote and not self.joined),
+                                                float(not self.joined)]), phase="comm")
         self.synced = bool(votes[0] > 0)
+        self.contributors = count = int(votes[1])
+        params = self.parameters()
         if self.synced and self.options.aggregate == "gradients":
-            params = self.parameters()
-            set_gradients(self.comm.all_reduce(flatten(gradients(params))) / self.comm.workers,
-                          params)
+            grads = flatten(gradients(params))
+            summed = self.comm.all_reduce(grads if not self.joined else grads * 0)
+            set_gradients(summed / count, params)
         elif self.synced:  # average the parameters, then the local step (as the code does)
-            mean = self.comm.all_reduce(flatten(self.parameters())) / self.comm.workers
-            unflatten_into(mean, self.parameters())
-        self.optimizer.step()
+            local = flatten(params)
+            summed = self.comm.all_reduce(local if not self.joined else local * 0)
+            unflatten_into(summed / count, params)
+        if not self.joined:
+            self.optimizer.step()
         self.steps += 1
         self.synced_steps += self.synced
         self.round += 1

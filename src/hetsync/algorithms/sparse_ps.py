@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
-                                     unflatten_into)
+                                     optimizer_settings, unflatten_into)
 from hetsync.comm.wire import INDEX_DTYPE, SparseMessage
 from hetsync.compression import Layout, memory, selector
 
@@ -140,6 +140,15 @@ class SparseAsyncSGD(Mode):
         self.epoch = 0
         self.sent = 0  # non-zeros pushed so far
 
+    @classmethod
+    def check_optimizer(cls, optimizer: torch.optim.Optimizer) -> None:
+        """The worker's memory applies SGD (its rate and momentum); the server adds."""
+        if type(optimizer) is not torch.optim.SGD:
+            raise ValueError(
+                f"mode {cls.name!r} applies SGD (its learning rate and momentum go into the "
+                f"worker's error-feedback memory); {optimizer_settings(optimizer)} cannot be "
+                f"applied: use torch.optim.SGD(params, lr=..., momentum=...)")
+
     @property
     def base_density(self) -> float:
         return self.options.density if self.options.density is not None else self.default_density
@@ -167,9 +176,16 @@ class SparseAsyncSGD(Mode):
         update = sparse(self.memory.take(indices), indices, self.layout.numel)
         self.sent += update.nnz
         with self.comm.clock.phase("comm"):
-            reply = self.comm.ps_client.push_pull(update)
+            reply = self.comm.ps_client.push_pull(update, rate=self.lr)  # (weight decay's)
         self._receive(reply, weights)
         self.round += 1
+
+    def finish(self) -> None:
+        """Take the server's weights (after every worker's last push, under hetsync.wrap's
+        agreed stop), then say goodbye."""
+        with self.comm.clock.phase("comm"):
+            self._receive(self.comm.ps_client.pull())
+        super().finish()
 
     def _clipped(self, grad: torch.Tensor) -> torch.Tensor:
         return grad

@@ -5,8 +5,9 @@ Per step, on every worker:
 1. forward and backward on the local batch;
 2. (the training loop's agreement, a blocking all-reduce of three floats: the barrier at which
    a fast worker waits for the slowest, timed as `wait`);
-3. all-reduce the gradients and the BatchNorm statistics (one flat buffer) over the chosen
-   collective and divide by the number of workers;
+3. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
+   contributors) over the chosen collective and divide by the number of workers (under
+   `hetsync.wrap`, a worker whose data ran out contributes nothing and is not counted);
 4. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
 
 As ESync's `sync` trainer does, BatchNorm running statistics are averaged every step, so the
@@ -15,13 +16,14 @@ workers' models stay identical.
 
 from __future__ import annotations
 
-from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, gradients, pack,
-                                     set_gradients)
+from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, gradients, mean_of,
+                                     pack, set_gradients, with_count)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
 class SynchronousSGD(Mode):
     name = "sync"
+    counts_contributors = True
 
     def setup(self) -> None:
         self.broadcast_model()
@@ -32,9 +34,11 @@ class SynchronousSGD(Mode):
     def apply(self, action: Action) -> None:
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
-        mean = self.comm.all_reduce(pack(grads + stats)) / self.comm.workers
-        set_gradients(mean, params, stats)
-        self.optimizer.step()
+        mean, self.contributors = mean_of(self.comm.all_reduce(
+            with_count(pack(grads + stats), not self.joined)))
+        if self.contributors:  # (none: every worker has joined, nothing to apply)
+            set_gradients(mean, params, stats)
+            self.optimizer.step()
         self.round += 1
 
 

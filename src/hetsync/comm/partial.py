@@ -87,6 +87,7 @@ class PartialAllReduce:
         self._posted = 0             # tickets handed out
         self._included = 0           # tickets carried by completed rounds
         self._finishing = False
+        self._joined = False         # this rank's data ran out; the others' rounds go on
         self._done = False
         self._failure: BaseException | None = None
         self._results: deque[tuple[int, torch.Tensor]] = deque()
@@ -127,13 +128,26 @@ class PartialAllReduce:
                                        op="eager/round", seconds=self.timeout)
             self._raise_failure()
 
-    def take_results(self) -> list[tuple[int, torch.Tensor]]:
-        """The means of the rounds completed since the last call, in round order."""
+    def take_results(self) -> list[tuple[int, torch.Tensor | None]]:
+        """The means of the rounds completed since the last call, in round order (None: the
+        round carried no gradient)."""
         with self._cond:
             self._raise_failure()
             out = list(self._results)
             self._results.clear()
             return out
+
+    def join(self) -> None:
+        """This rank's data has run out, the others' has not (`hetsync.wrap`'s agreed stop):
+        its engine goes on taking part in their rounds, contributing zeros; it counts as
+        arrived (a synchronous round does not wait for it) and starts the rounds it is the
+        drawn initiator of (majority), until `finish`."""
+        with self._cond:
+            self._joined = True
+            self._cond.notify_all()
+            target = self._next
+        if self.initiator_of(target) == self.rank:  # the engine may be waiting for it
+            self._activate(target)
 
     def finish(self) -> None:
         """This rank is done: its engine ends after the final round (see the docstring)."""
@@ -182,13 +196,15 @@ class PartialAllReduce:
             if synchronous or view.size == 1:
                 self._wait_arrival()
             else:
+                if self._joined and self.initiator_of(r) == self.rank:
+                    self._activate(r)  # its own arrival will never come
                 self._wait_activation(r)
             buf, through = self._contribution(r)
             all_reduce(buf, algorithm=self.collective, group=group, timeout=self.timeout)
             fresh, stopping = float(buf[self.numel]), float(buf[self.numel + 1])
             divisor = view.size if self.divide == "workers" else max(fresh, 1.0)
-            with self._cond:
-                self._results.append((r, buf[:self.numel] / divisor))
+            with self._cond:  # (a round that carried no gradient has nothing to apply)
+                self._results.append((r, buf[:self.numel] / divisor if fresh > 0 else None))
                 self._included = max(self._included, through)
                 self.rounds = r + 1
                 if final:
@@ -229,8 +245,8 @@ class PartialAllReduce:
     def _wait_arrival(self) -> None:
         """Until this rank's main thread has posted (or is finishing)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._pending is not None or self._finishing,
-                                       timeout=self.timeout):
+            if not self._cond.wait_for(lambda: self._pending is not None or self._finishing
+                                       or self._joined, timeout=self.timeout):
                 raise CommTimeoutError(f"eager-SGD: this rank's main thread posted nothing "
                                        f"within {self.timeout:g} s", op="eager/round",
                                        seconds=self.timeout)

@@ -31,6 +31,7 @@ Example (3 ranks: workers 0, 1; server 2)::
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from typing import Iterable, Protocol, runtime_checkable
@@ -42,8 +43,9 @@ from .errors import CommError, CommTimeoutError, ProtocolError
 from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
-from .wire import (HEADER_BYTES, HEADER_LEN, MAX_NUMEL, Field, Header, Kind, Op, Payload,
-                   SparseMessage, Status, decode, describe, payload_tensors, receive_buffers)
+from .wire import (HEADER_BYTES, HEADER_LEN, MAX_NUMEL, MAX_RATE, Field, Header, Kind, Op,
+                   Payload, SparseMessage, Status, decode, describe, payload_tensors,
+                   receive_buffers)
 
 TAG_REQUEST = 0x4854
 TAG_REQUEST_PAYLOAD = 0x4855
@@ -381,6 +383,8 @@ class ParameterServer:
             if header.op == Op.PULL:
                 reply = self.rule.pull(src)
             else:
+                if header.rate and hasattr(self.rule, "lr"):  # the worker's schedule
+                    self.rule.lr = header.rate
                 reply = self.rule.push(src, payload)
             describe(reply)   # ValueError: the rule returned something the wire cannot carry
             return reply
@@ -424,13 +428,13 @@ class PSClient:
         self._round = 0
         self._lock = threading.Lock()
 
-    def _request(self, op: Op, payload: Payload, *, name: str, timeout, round: int = 0
-                 ) -> Payload:
+    def _request(self, op: Op, payload: Payload, *, name: str, timeout, round: int = 0,
+                 rate: float = 0.0) -> Payload:
         if self.closed:
             raise RuntimeError(f"PSClient to rank {self.server_rank} is closed")
         t = resolve_timeout(timeout if timeout is not None else self.timeout)
         server = self.server_rank
-        header = Header(op=op, sender=self.rank, seq=self._seq, round=round,
+        header = Header(op=op, sender=self.rank, seq=self._seq, round=round, rate=rate,
                         **describe(payload))
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         deadline = time.monotonic() + t
@@ -467,14 +471,18 @@ class PSClient:
             return self._request(Op.PULL, None, name=OP_NAMES[Op.PULL], timeout=timeout)
 
     def push_pull(self, update: torch.Tensor | SparseMessage, *,
-                  timeout: float | None = None) -> Payload:
+                  timeout: float | None = None, rate: float | None = None) -> Payload:
         """Send ``update``; the server applies it at once (``rule.push``) and its return value
-        comes back (a flat tensor, a :class:`SparseMessage` or ``None``)."""
+        comes back (a flat tensor, a :class:`SparseMessage` or ``None``). ``rate``: the
+        learning rate the rule applies from now on (the worker's schedule; None: as it
+        was)."""
         if update is None:
             raise ValueError("update must be a Tensor or SparseMessage, got None")
+        if rate is not None and not (0 < rate <= MAX_RATE and math.isfinite(rate)):
+            raise ValueError(f"rate must be a finite number in (0, {MAX_RATE:g}], got {rate!r}")
         with self._lock:
             return self._request(Op.PUSH_PULL, update, name=OP_NAMES[Op.PUSH_PULL],
-                                 timeout=timeout)
+                                 timeout=timeout, rate=rate or 0.0)
 
     def sum(self, tensor: torch.Tensor, *, timeout: float | None = None,
             _op: str = OP_NAMES[Op.SUM]) -> torch.Tensor:

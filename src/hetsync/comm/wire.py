@@ -20,7 +20,8 @@ No pickle and no Python objects cross the wire. Every message is
    8     round           SUM: the client's synchronous-sum number (matches pushes)
    9     status          ERROR: an :class:`Status` code; else 0
    10    detail          ERROR: the :class:`Field` index blamed, or the round; else 0
-   11    reserved        0
+   11    rate            PUSH_PULL: the worker's learning rate, the bits of a float64 (0:
+                         the server rule's own; else finite, > 0); other ops: 0
    ====  ==============  =========================================================
 
 2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of
@@ -34,6 +35,8 @@ needed. :func:`decode` refuses a header it does not understand with a
 from __future__ import annotations
 
 import enum
+import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -41,13 +44,15 @@ import torch
 from .errors import ProtocolError
 
 MAGIC = 0x48535943  # "HSYC"
-VERSION = 1
+VERSION = 2  # 2: field 11 carries a push's learning rate
 MAGIC_VERSION = (MAGIC << 16) | VERSION
 HEADER_LEN = 12
 HEADER_BYTES = HEADER_LEN * 8
 #: Upper bound on numel accepted from the wire (guards against absurd allocations).
 MAX_NUMEL = 1 << 40
 INDEX_DTYPE = torch.int32
+#: Largest learning rate a push may carry (beyond it no SGD converges).
+MAX_RATE = 1e6
 
 
 class Field(enum.IntEnum):
@@ -62,7 +67,7 @@ class Field(enum.IntEnum):
     ROUND = 8
     STATUS = 9
     DETAIL = 10
-    RESERVED = 11
+    RATE = 11
 
 
 class Op(enum.IntEnum):
@@ -152,11 +157,12 @@ class Header:
     round: int = 0
     status: int = 0
     detail: int = 0
+    rate: float = 0.0
 
     def encode(self) -> torch.Tensor:
         return torch.tensor([MAGIC_VERSION, self.op, self.sender, self.seq, self.kind,
                              self.dtype, self.numel, self.nnz, self.round, self.status,
-                             self.detail, 0], dtype=torch.int64)
+                             self.detail, rate_bits(self.rate)], dtype=torch.int64)
 
     @property
     def payload_bytes(self) -> int:
@@ -165,6 +171,15 @@ class Header:
         size = torch.empty((), dtype=DTYPE_CODES[self.dtype]).element_size()
         index = INDEX_DTYPE.itemsize if self.kind == Kind.SPARSE else 0
         return self.nnz * (size + index)
+
+
+def rate_bits(rate: float) -> int:
+    """A float64's bits as the int64 a header field holds (0.0 is 0)."""
+    return struct.unpack("<q", struct.pack("<d", rate))[0]
+
+
+def bits_rate(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
 
 
 def describe(payload: Payload) -> dict[str, int]:
@@ -276,8 +291,12 @@ def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS
         for f in (Field.STATUS, Field.DETAIL):
             if v[f] != 0:
                 raise _refuse(source, f, v[f], "must be 0 outside ERROR replies")
-    if v[Field.RESERVED] != 0:
-        raise _refuse(source, Field.RESERVED, v[Field.RESERVED], "reserved, must be 0")
+    rate = bits_rate(v[Field.RATE])
+    if op != Op.PUSH_PULL and v[Field.RATE] != 0:
+        raise _refuse(source, Field.RATE, v[Field.RATE], "only PUSH_PULL carries a rate")
+    if v[Field.RATE] != 0 and not (0 < rate <= MAX_RATE and math.isfinite(rate)):
+        raise _refuse(source, Field.RATE, v[Field.RATE],
+                      f"the rate {rate!r} is not a finite number in (0, {MAX_RATE:g}]")
     return Header(op=op, sender=source, seq=v[Field.SEQ], kind=kind, dtype=dtype,
                   numel=numel, nnz=nnz, round=v[Field.ROUND], status=v[Field.STATUS],
-                  detail=v[Field.DETAIL])
+                  detail=v[Field.DETAIL], rate=rate if v[Field.RATE] != 0 else 0.0)

@@ -52,7 +52,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
              group: dist.ProcessGroup | None, collective: str = "native",
              timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
-             ps_rank: int | None = None, slowdown: float = 1.0, straggler=None,
+             state_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0, straggler=None,
              channel_group: dist.ProcessGroup | None = None) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
@@ -79,7 +79,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     if spec.state_server:
         from hetsync.state import StateClient
 
-        comm.state_client = StateClient(*state_server, timeout=timeout)
+        comm.state_client = StateClient(*state_server, timeout=timeout, token=state_token)
         comm.state_client.wait_until_up(deadline_s=min(timeout, 60.0))
     if workers > 1:
         ranks = [dist.get_global_rank(group, r) if group is not None else r
@@ -89,3 +89,26 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     mode = spec.worker(model, optimizer, comm, options)
     mode.setup()
     return Assembly(spec, mode, comm)
+
+
+def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
+                     worker_ranks: list[int], timeout: float):
+    """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
+    `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
+    pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
+    ESync and SelSync over `--collective ps`). A worker that died never says goodbye: once
+    the others have, it is given up after `linger` (the asynchronous modes go on without
+    it)."""
+    from hetsync.algorithms.base import bn_statistics, flatten
+    from hetsync.algorithms.registry import build_server_rule
+    from hetsync.comm import ParameterServer
+    from hetsync.compression import Layout
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    weights = flatten(params).float().cpu()
+    rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params))
+            if spec.server_rule is not None else None)
+    stats_numel = sum(t.numel() for t in bn_statistics(model))
+    return ParameterServer(worker_ranks, rule, timeout=timeout, numel=weights.numel(),
+                           sum_numel=weights.numel() + stats_numel,
+                           linger=min(timeout, 30.0))

@@ -12,6 +12,7 @@ one atomic add per round for the sample count, one read of the stop key.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -80,3 +81,56 @@ class StoreControl:
             stop = int(self.store.add(self.STOP, 0)) > 0
         # Rank 0 evaluates alone: the others keep training (no round to pause at).
         return Agreement(seen, proposal.evaluate and self.rank == 0, stop)
+
+
+class StoreJoin:
+    """`hetsync.wrap`'s agreed stop for modes without a common round (the asynchronous ones):
+    a worker whose data has run out counts itself in the store and waits until every worker
+    has, so that all end together after the last push.
+
+    1. every active worker bumps its heartbeat key at most once a second (`beat`);
+    2. `wait_for_all` adds this worker to the count, then polls it (calling `meanwhile`: e.g.
+       eager-SGD applies the rounds its engine still takes part in) until it is P;
+    3. a worker that has neither joined nor beaten for `timeout` seconds is named in a
+       `CommTimeoutError`: dead or stuck, it is not waited for forever.
+    """
+
+    BEAT_EVERY = 1.0  # seconds
+    POLL = 0.05
+
+    def __init__(self, store, prefix: str, rank: int, workers: int, timeout: float):
+        self.store, self.prefix, self.rank = store, prefix, rank
+        self.workers, self.timeout = workers, timeout
+        self._last_beat = float("-inf")
+
+    def _key(self, what: str, rank: int | None = None) -> str:
+        return f"{self.prefix}/{what}" + ("" if rank is None else f"/{rank}")
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.BEAT_EVERY:
+            self.store.add(self._key("alive", self.rank), 1)
+            self._last_beat = now
+
+    def wait_for_all(self, meanwhile=lambda: None) -> None:
+        from hetsync.comm.errors import CommTimeoutError
+
+        self.store.set(self._key("joined", self.rank), "1")
+        self.store.add(self._key("joined"), 1)
+        others = [r for r in range(self.workers) if r != self.rank]
+        seen = {r: (None, time.monotonic()) for r in others}
+        while int(self.store.add(self._key("joined"), 0)) < self.workers:
+            meanwhile()
+            time.sleep(self.POLL)
+            now = time.monotonic()
+            for r in others:
+                if self.store.check([self._key("joined", r)]):
+                    continue
+                beats = int(self.store.add(self._key("alive", r), 0))
+                if beats != seen[r][0]:
+                    seen[r] = (beats, now)
+                elif now - seen[r][1] > self.timeout:
+                    raise CommTimeoutError(
+                        f"worker {r} has neither stepped nor finished for {self.timeout:g} s "
+                        f"while this one waits for every worker to finish (dead or stuck?)",
+                        op="wrap/join", seconds=self.timeout)

@@ -36,6 +36,7 @@ from hetsync.algorithms.base import ControlPath, Mode, Step
 from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
+from hetsync.runtime.rounds import RoundAccount
 
 
 @dataclass
@@ -74,19 +75,6 @@ class LoopState:
 
     def train_time(self, now: float) -> float:
         return now - self.t0 - self.eval_total
-
-
-@dataclass
-class _Round:
-    """What the current round has done so far (reset when it is recorded)."""
-
-    start: float
-    meter: tuple[int, int]
-    eval_total: float            # LoopState.eval_total when the round began
-    compute: float = 0.0
-    loss_sum: float = 0.0
-    steps: int = 0
-    samples: int = 0
 
 
 class TrainingLoop:
@@ -248,7 +236,7 @@ class TrainingLoop:
             summed, self._in_flight = self._in_flight.result(), None
         return self._act(st, self.control.agree(summed))
 
-    def _before_apply(self, st: LoopState, rnd: _Round) -> tuple[bool, Agreement | None]:
+    def _before_apply(self, st: LoopState, rnd: RoundAccount) -> tuple[bool, Agreement | None]:
         """At a round's end, before the mode communicates: the previous round's background
         agreement must be in (stop: every worker stops after the same round); a blocking
         agreement is made now. Returns (stop now, this round's agreement)."""
@@ -259,7 +247,7 @@ class TrainingLoop:
             return False, self.control.agree(self.mode.comm.barrier(proposal.as_tensor()))
         return False, None
 
-    def _after_apply(self, st: LoopState, rnd: _Round,
+    def _after_apply(self, st: LoopState, rnd: RoundAccount,
                      agreement: Agreement | None) -> Agreement | None:
         """After the round's communication: the proposal that travels after it (the blocking
         agreement was made before; the background one is acted on when it comes in)."""
@@ -333,7 +321,7 @@ class TrainingLoop:
         timer = comm.timer
         st = self._loop_state(t0)
         mode.module.train()
-        rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
+        rnd = RoundAccount(st.eval_total)
         comm.clock.take()
         for epoch, idx in self.batches:
             self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
@@ -379,7 +367,7 @@ class TrainingLoop:
             agreement = self._after_apply(st, rnd, agreement)
             stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
             self._record(finished_round, rnd, st, epoch)
-            rnd = _Round(time.perf_counter(), _meter_totals(), st.eval_total)
+            rnd = RoundAccount(st.eval_total)
             if self._checkpoint_due:  # its time: the next round's eval_s, not training
                 self._write_checkpoint(st)
             if stop:
@@ -389,28 +377,12 @@ class TrainingLoop:
             self._write_checkpoint(st)
         return st
 
-    def _record(self, round_: int, rnd: _Round, st: LoopState, epoch: int) -> None:
+    def _record(self, round_: int, rnd: RoundAccount, st: LoopState, epoch: int) -> None:
         self._last_recorded = round_
-        spent = self.mode.comm.clock.take()
-        sent, recv = _meter_totals()
-        self.recorder.write({
-            "rank": self.rank, "device": self.mode.comm.device_name, "round": round_,
-            "local_steps": rnd.steps, "samples": rnd.samples,
-            "t_start": rnd.start - st.t0, "t_end": time.perf_counter() - st.t0,
-            "compute_s": rnd.compute,
-            "wait_s": spent.get("wait", 0.0) + spent.get("query", 0.0),
-            "comm_s": spent.get("comm", 0.0), "query_s": spent.get("query", 0.0),
-            "eval_s": st.eval_total - rnd.eval_total, "bytes_sent": sent - rnd.meter[0],
-            "bytes_recv": recv - rnd.meter[1], "loss": rnd.loss_sum / max(rnd.steps, 1),
-            "lr": self.mode.lr, "epoch": epoch, **self.mode.round_record()})
+        self.recorder.write(rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total,
+                                       epoch))
 
 
 def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of `model`'s state on the CPU (a snapshot, or a checkpoint's global model)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-
-
-def _meter_totals() -> tuple[int, int]:
-    from hetsync.comm import meter
-
-    return meter.totals()

@@ -19,12 +19,9 @@ import torch
 import torch.distributed as dist
 
 import hetsync
-from hetsync.algorithms.base import bn_statistics, flatten
-from hetsync.algorithms.registry import build_server_rule
-from hetsync.compression import Layout
 from hetsync.config import Config, ConfigError
 from hetsync.runtime import checkpoint
-from hetsync.runtime.assembly import assemble, device_label
+from hetsync.runtime.assembly import assemble, device_label, parameter_server
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
@@ -261,19 +258,10 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
 
 def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:
     """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
-    from hetsync.comm import ParameterServer, meter
+    from hetsync.comm import meter
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    weights = flatten(params).float().cpu()
-    rule = (build_server_rule(cfg.mode, weights, cfg.lr, cfg.mode_options(), Layout.of(params))
-            if cfg.spec.server_rule is not None else None)
-    # A worker that died never says goodbye: once the others have, it is given up after
-    # `linger` (the asynchronous modes go on without a lost worker; see launcher.py).
-    # A sum may also carry the BatchNorm statistics (sync, ESync and SelSync over `-C ps`).
-    stats_numel = sum(t.numel() for t in bn_statistics(model))
-    server = ParameterServer(list(range(cfg.workers)), rule, timeout=cfg.timeout,
-                             numel=weights.numel(), sum_numel=weights.numel() + stats_numel,
-                             linger=min(cfg.timeout, 30.0))
+    server = parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
+                              list(range(cfg.workers)), cfg.timeout)
     start = time.perf_counter()
     stats = server.serve()
     sent, recv = meter.totals()

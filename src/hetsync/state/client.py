@@ -34,6 +34,7 @@ class StateClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0,
                  token: str | None = None, retry_s: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
+        self.run: str | None = None  # the run every report names (`init`, or set by a worker)
         self.retry_s = timeout if retry_s is None else retry_s
         token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
         if token is not None and not valid_token(token):
@@ -86,9 +87,11 @@ class StateClient:
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
         self._request("GET", "/healthz", retry_s=deadline_s)
 
-    def init(self, workers: int, epsilon: float | None = None) -> None:
-        """Start afresh; `epsilon` None: the server's own margin (by default `auto`)."""
-        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon})
+    def init(self, workers: int, epsilon: float | None = None, run: str | None = None) -> None:
+        """Start afresh for `run` (then every report carries it); `epsilon` None: the
+        server's own margin (by default `auto`)."""
+        self.run = run
+        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run})
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:
@@ -99,6 +102,8 @@ class StateClient:
         """Write the report now; the returned function reads the answer (call it once)."""
         body = {"rank": rank, "round": round, "steps": steps, "step_time": step_time,
                 "device": device}
+        if self.run is not None:
+            body["run"] = self.run
         try:
             self._send("POST", "/report", body)
             sent = True

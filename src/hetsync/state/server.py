@@ -2,12 +2,16 @@
 
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
-- `POST /init`   `{"workers": N, "epsilon": -0.2 | null}` → `{"ok": true}`; starts afresh
-  (`epsilon` null or absent: the server's own, by default `auto`, see `policy.round_length`).
-- `POST /report` `{"rank", "round", "steps", "step_time", "device"?}` →
+- `POST /init`   `{"workers": N, "epsilon": -0.2 | null, "run": ID?}` → `{"ok": true}`; starts
+  afresh (`epsilon` null or absent: the server's own, by default `auto`, see
+  `policy.round_length`) for run ID (a string drawn by the run's rank 0);
+- `POST /report` `{"rank", "round", "steps", "step_time", "device"?, "run"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
   caller's margin as a fraction of its step),
-  "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`).
+  "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`). A report of
+  another run than the server's is refused (409, naming both): two runs sharing one server
+  would plan each other's rounds. A server that has no run yet (restarted) takes the first
+  report's.
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
   that refreshes itself; `GET /healthz` → `{"ok": true}` (no token needed: it says nothing).
 
@@ -85,7 +89,7 @@ def _field(body: dict, name: str, kind: type, *, required: bool = True,
 def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                clock=time.monotonic, token: str | None = None) -> Starlette:
     """The ASGI app; the tracker's times come from `clock` (the server's own)."""
-    state = {"tracker": ReadinessTracker(workers, epsilon), "requests": 0,
+    state = {"tracker": ReadinessTracker(workers, epsilon), "run": None, "requests": 0,
              "bytes_recv": 0, "bytes_sent": 0, "started": clock()}
     expected = None if token is None else token.encode()
 
@@ -119,7 +123,10 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         eps = epsilon if data.get("epsilon") is None else _field(data, "epsilon", float)
         if eps is not None and not -1 < eps < 1:
             raise BadRequest(f"field 'epsilon' must be a fraction in (-1, 1), got {eps}")
-        state["tracker"] = ReadinessTracker(n, eps)
+        run = None if data.get("run") is None else _field(data, "run", str)
+        if run is not None and not 0 < len(run) <= 64:
+            raise BadRequest("field 'run' must be 1 to 64 characters")
+        state["tracker"], state["run"] = ReadinessTracker(n, eps), run
         return reply({"ok": True})
 
     async def report(request: Request):
@@ -129,6 +136,13 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         steps = _field(data, "steps", int)
         step_time = _field(data, "step_time", float)
         device = _field(data, "device", str, required=False, default="")
+        run = _field(data, "run", str, required=False)
+        if run is not None and state["run"] is None:  # restarted: the run goes on here
+            state["run"] = run[:64]
+        elif run is not None and run != state["run"]:
+            return reply({"error": f"this state server serves run {state['run']} (since its "
+                                   f"/init), not run {run[:64]}: give every run its own "
+                                   f"state server"}, 409)
         tracker = state["tracker"]
         if rank >= tracker.workers:
             raise BadRequest(f"rank {rank} out of range 0..{tracker.workers - 1}")

@@ -1,0 +1,256 @@
+"""`hetsync.wrap` in a user's own loop: uneven data, the agreed stop, schedulers, GradScaler,
+the servers it starts, and the one-line errors of its misuses — on real gloo processes."""
+
+import difflib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hetsync
+from hetsync.telemetry.plots import plot_runs
+from hetsync.telemetry.summarize import summarize
+from tests.distributed import free_port, run_ranks
+
+STEPS = (12, 24, 36)   # each rank's own number of batches: uneven on purpose
+
+
+def _task(rank: int, steps: int):
+    """A linear teacher's labels on 16 features; rank's own batches of 32."""
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.randn(16, 4, generator=g)
+    x_all = torch.randn(2048, 16, generator=g)
+    y_all = (x_all @ teacher).argmax(1)
+    shard = torch.randperm(2048, generator=torch.Generator().manual_seed(rank))[:32 * steps]
+    return x_all, y_all, [(x_all[i], y_all[i]) for i in shard.split(32)]
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _loss(model, x, y) -> float:
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def _uneven(rank, world, mode, run_dir):
+    torch.manual_seed(rank)   # different starting points: wrap makes them rank 0's
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    if hetsync.serve_parameters(optimizer, model, mode=mode):
+        return None
+    x_all, y_all, loader = _task(rank, STEPS[rank])
+    opt = hetsync.wrap(optimizer, model, mode=mode, timeout=60, run_dir=run_dir,
+                       slowdown=1.0 + rank)
+    start = _loss(model, x_all, y_all)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.7)
+    for x, y in loader:   # the README's own loop
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        schedule.step()
+    last_step = time.time()
+    opt.finish()
+    opt.record_evaluation(test_acc=0.5, test_loss=_loss(model, x_all, y_all))  # rank 0's
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"start": start, "end": _loss(model, x_all, y_all), "params": params,
+            "last_step": last_step, "finished": time.time(), "lr": opt.param_groups[0]["lr"]}
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::hetsync.telemetry.plots.PlotWarning")  # no sync run
+@pytest.mark.parametrize("mode", ["sync", "esync", "selsync", "async", "eager-solo"])
+def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode, tmp_path):
+    world = 4 if mode == "async" else 3   # async: the last rank is the parameter server
+    run_dir = tmp_path / "run"
+    results = [r for r in run_ranks(_uneven, world, mode, str(run_dir), timeout=150)
+               if r is not None]
+    assert len(results) == 3
+    last = max(r["last_step"] for r in results)   # rank 2's, with the most data
+    for rank, r in enumerate(results):
+        assert r["end"] < 0.6 * r["start"], (rank, r["start"], r["end"])
+        # nobody left before the last worker's data ran out: they waited, taking part
+        assert r["finished"] >= last
+        torch.testing.assert_close(r["params"], results[0]["params"])
+        # each rank's scheduler stepped its own batches' worth
+        assert r["lr"] == pytest.approx(0.5 * 0.7 ** (STEPS[rank] // 15))
+    # the run directory is what `hetsync summarize` and `plot` read
+    summary = summarize(run_dir)
+    assert summary["complete"] and summary["mode"] == mode
+    for rank, w in enumerate(summary["per_worker"]):
+        assert w["slowdown"] == 1.0 + rank
+        assert w["samples"] == 32 * STEPS[rank]
+        assert w["compute_s"] > 0
+    assert (run_dir / "eval.jsonl").read_text().count("test_acc") == 1
+    assert plot_runs([run_dir], tmp_path / "figures")
+
+
+def _overflowing(rank, world):
+    torch.manual_seed(0)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="sync",
+                       collective="ring")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x_all, y_all, loader = _task(rank, 24)
+    start = _loss(model, x_all, y_all)
+    scales = []
+    for i, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if rank == 1 and i == 3:
+            loss = loss * float("inf")   # this rank's gradients overflow, the others' do not
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    opt.finish()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return start, _loss(model, x_all, y_all), params, scales, opt.round
+
+
+@pytest.mark.slow
+def test_grad_scaler_with_one_rank_overflowing_keeps_every_worker_in_step():
+    results = run_ranks(_overflowing, 2, timeout=90)
+    (start0, end0, params0, scales0, rounds0), (_, end1, params1, scales1, rounds1) = results
+    assert rounds0 == rounds1 == 1 + 24 + 1   # 24 steps and the round that ends all: none skipped
+    torch.testing.assert_close(params0, params1)
+    assert end0 < 0.6 * start0
+    assert scales1[3] == 512.0 and scales0[3] == 1024.0   # only the overflowing rank backs off
+    assert all(s == 1024.0 for s in scales0)
+
+
+def test_the_wrapper_is_an_optimizer_that_schedulers_and_state_dicts_accept():
+    model = _model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hetsync.wrap(inner, model, mode="sync")
+    assert isinstance(opt, torch.optim.Optimizer)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    schedule.step()
+    assert inner.param_groups[0]["lr"] == 0.05   # the rate the mode's update uses
+    state = opt.state_dict()
+    assert state["hetsync"]["mode"]["round"] == 2 and state["param_groups"][0]["lr"] == 0.05
+    again = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                         mode="sync")
+    again.load_state_dict(state)
+    assert again.round == 2 and again.param_groups[0]["lr"] == 0.05
+    assert again.state_dict()["state"][0]["momentum_buffer"].norm() > 0
+    opt.finish()
+    with pytest.raises(RuntimeError, match="step\\(\\) after finish\\(\\)"):
+        opt.step()
+
+
+def test_a_parameter_server_mode_refuses_an_optimizer_it_would_not_apply():
+    model = _model()
+    with pytest.raises(ValueError, match="Adadelta\\(lr=1.*cannot be applied there"):
+        hetsync.wrap(torch.optim.Adadelta(model.parameters(), lr=1.0), model, mode="async")
+    with pytest.raises(ValueError, match="momentum=0.9.*without momentum"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                     mode="dcasgd")
+
+
+def test_a_state_server_that_is_not_up_is_named_at_construction():
+    model = _model()
+    port = free_port()
+    began = time.monotonic()
+    with pytest.raises(Exception, match=f"127.0.0.1:{port}.*is `hetsync state-server` running"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="esync",
+                     state_server=("127.0.0.1", port), timeout=2)
+    assert time.monotonic() - began < 30
+
+
+def test_one_worker_esync_starts_its_own_state_server_and_trains():
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="esync")
+    x_all, y_all, loader = _task(0, 36)
+    start = _loss(model, x_all, y_all)
+    with opt:   # finish() at the end of the block
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert _loss(model, x_all, y_all) < 0.6 * start
+
+
+def _ps_rank_wraps(rank, world):
+    model = _model()
+    if rank != 0:
+        return None
+    try:
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="async",
+                     ps_rank=0)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.slow
+def test_the_parameter_servers_rank_is_told_to_serve_not_to_wrap():
+    message = run_ranks(_ps_rank_wraps, 2, timeout=60)[0]
+    assert "rank 0 is the parameter server: call hetsync.serve_parameters there" in message
+
+
+def _scheduled_async(rank, world):
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    if hetsync.serve_parameters(optimizer, model, mode="async"):
+        return None
+    opt = hetsync.wrap(optimizer, model, mode="async")
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=1e-6)
+    _, _, loader = _task(rank, 10)
+    snapshots = [torch.cat([p.detach().reshape(-1) for p in model.parameters()])]
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        schedule.step()
+        snapshots.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    opt.finish()
+    return snapshots
+
+
+@pytest.mark.slow
+def test_a_learning_rate_schedule_reaches_the_parameter_server():
+    start, first, *_, last = run_ranks(_scheduled_async, 2, timeout=60)[0]
+    # the server applied the first push at 0.5, the nine after it at 0.5e-6 and less
+    assert (first - start).norm() > 1e-2
+    assert (last - first).norm() < 1e-5 * (first - start).norm()
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_the_example_differs_from_its_ddp_twin_in_a_few_lines():
+    def code(name):  # the script less its docstring
+        text = (EXAMPLES / name).read_text()
+        return text[text.index('"""', 3) + 3:].splitlines()
+
+    diff = [line for line in difflib.unified_diff(code("mnist_ddp.py"),
+                                                  code("mnist_hetsync.py"), lineterm="", n=0)
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert len([d for d in diff if d.startswith("-")]) <= 4, diff
+    assert len([d for d in diff if d.startswith("+")]) <= 8, diff
+    assert "+    optimizer = hetsync.wrap(optimizer, model, mode=args.mode, run_dir=" \
+           "\"runs/mnist\")" in diff
+
+
+@pytest.mark.slow
+def test_the_example_runs_under_torchrun_and_its_run_directory_summarises(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         str(EXAMPLES / "mnist_hetsync.py"), "--mode", "async", "--subset", "3000"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Test set: Average loss" in out.stdout
+    summary = summarize(tmp_path / "runs" / "mnist")
+    assert summary["complete"] and summary["workers"] == 2   # the third rank served
+    assert summary["samples"] == 3000 and summary["evaluations"] == 1
+    assert summary["final_accuracy"] > 0.3
