@@ -3,7 +3,7 @@ mnist_ddp.py, from which it differs in the few lines the README shows. Every mod
 parameter-server ones included (the last rank serves), with nothing started by hand:
 
     torchrun --standalone --nproc-per-node 3 examples/mnist_hetsync.py --mode esync
-    hetsync summarize runs/mnist && hetsync plot runs/mnist
+    hetsync summarize runs/esync-net-* && hetsync plot runs/esync-net-* -o figures
 """
 
 import argparse
@@ -82,7 +82,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     if hetsync.serve_parameters(optimizer, model, mode=args.mode):
         return dist.destroy_process_group()  # this rank was the parameter server
-    optimizer = hetsync.wrap(optimizer, model, mode=args.mode, run_dir="runs/mnist")
+    optimizer = hetsync.wrap(optimizer, model, mode=args.mode, log_dir="runs")
     sampler = DistributedSampler(train_set, optimizer.workers, optimizer.rank)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     scheduler = StepLR(optimizer, step_size=len(loader), gamma=args.gamma)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -49,6 +50,9 @@ def test_only_a_push_carries_a_learning_rate():
     h = Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=Kind.DENSE, dtype=1, numel=4, nnz=4,
                rate=0.025)
     assert wire.decode(h.encode(), 1).rate == 0.025
+    warm_up = dataclasses.replace(h, rate=0.0)   # a schedule's first step may be at rate 0
+    assert wire.decode(warm_up.encode(), 1).rate == 0.0
+    assert wire.decode(dataclasses.replace(h, rate=None).encode(), 1).rate is None
     pull = Header(op=Op.PULL, sender=1, seq=0).encode()
     pull[Field.RATE] = wire.rate_bits(0.025)
     with pytest.raises(comm.ProtocolError, match="only PUSH_PULL carries a rate"):
@@ -72,7 +76,7 @@ def _bad(field: Field, value: int, **kw) -> torch.Tensor:
     (Field.NUMEL, -1, "not in"),
     (Field.NNZ, 3, "must equal numel=4 when dense"),
     (Field.RATE, wire.rate_bits(float("nan")), "not a finite number"),
-    (Field.RATE, wire.rate_bits(-0.5), "not a finite number"),
+    (Field.RATE, wire.rate_bits(-0.25), "not a finite number"),
     (Field.RATE, wire.rate_bits(1e300), "not a finite number"),
 ])
 def test_decode_refuses_with_sender_and_field(field, value, needle):

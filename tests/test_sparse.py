@@ -183,7 +183,8 @@ def _sparse_run(rank, world, mode, steps, options):
         algo.apply(algo.decide(Step(float(i), i + 0.01)))
         views.append(flatten(params).clone())
     after = meter.totals()
-    algo.finish()
+    algo.finish()   # which pulls the server's view once more
+    views.append(flatten(params).clone())
     return views, (after[0] - before[0]) / steps, (after[1] - before[1]) / steps, algo.sent / steps
 
 
@@ -192,7 +193,7 @@ def test_a_dgs_worker_holds_s_plus_acc_after_every_reply_and_resync():
     results = run_ranks(_sparse_run, 3, "dgs", 12, {"resync": 5})
     server_views = results[-1]
     for rank, (views, _, _, _) in enumerate(results[:-1]):
-        assert len(views) == len(server_views[rank]) == 13
+        assert len(views) == len(server_views[rank]) == 1 + 12 + 1  # pulls and replies
         for step, (mine, servers) in enumerate(zip(views, server_views[rank])):
             torch.testing.assert_close(mine, servers, msg=f"rank {rank} step {step}")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import hetsync
 from hetsync.telemetry.plots import plot_runs
@@ -38,15 +37,15 @@ def _loss(model, x, y) -> float:
         return float(torch.nn.functional.cross_entropy(model(x), y))
 
 
-def _uneven(rank, world, mode, run_dir):
+def _uneven(rank, world, mode, run_dir, collective="native"):
     torch.manual_seed(rank)   # different starting points: wrap makes them rank 0's
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    if hetsync.serve_parameters(optimizer, model, mode=mode):
+    if hetsync.serve_parameters(optimizer, model, mode=mode, collective=collective):
         return None
     x_all, y_all, loader = _task(rank, STEPS[rank])
     opt = hetsync.wrap(optimizer, model, mode=mode, timeout=60, run_dir=run_dir,
-                       slowdown=1.0 + rank)
+                       slowdown=1.0 + rank, collective=collective)
     start = _loss(model, x_all, y_all)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.7)
     for x, y in loader:   # the README's own loop
@@ -64,12 +63,16 @@ def _uneven(rank, world, mode, run_dir):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::hetsync.telemetry.plots.PlotWarning")  # no sync run
-@pytest.mark.parametrize("mode", ["sync", "esync", "selsync", "async", "eager-solo"])
-def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode, tmp_path):
-    world = 4 if mode == "async" else 3   # async: the last rank is the parameter server
+@pytest.mark.parametrize("mode,collective", [
+    ("sync", "native"), ("esync", "native"), ("selsync", "native"), ("async", "native"),
+    ("eager-solo", "native"), ("sync", "ps"), ("esync", "ps")])
+def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode, collective,
+                                                                          tmp_path):
+    # a parameter server (async, or sums over `ps`) is one more process: the last rank
+    world = 4 if mode == "async" or collective == "ps" else 3
     run_dir = tmp_path / "run"
-    results = [r for r in run_ranks(_uneven, world, mode, str(run_dir), timeout=150)
-               if r is not None]
+    results = [r for r in run_ranks(_uneven, world, mode, str(run_dir), collective,
+                                    timeout=150) if r is not None]
     assert len(results) == 3
     last = max(r["last_step"] for r in results)   # rank 2's, with the most data
     for rank, r in enumerate(results):
@@ -238,8 +241,8 @@ def test_the_example_differs_from_its_ddp_twin_in_a_few_lines():
             if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert len([d for d in diff if d.startswith("-")]) <= 4, diff
     assert len([d for d in diff if d.startswith("+")]) <= 8, diff
-    assert "+    optimizer = hetsync.wrap(optimizer, model, mode=args.mode, run_dir=" \
-           "\"runs/mnist\")" in diff
+    assert "+    optimizer = hetsync.wrap(optimizer, model, mode=args.mode, log_dir=\"runs\")" \
+        in diff
 
 
 @pytest.mark.slow
@@ -250,7 +253,8 @@ def test_the_example_runs_under_torchrun_and_its_run_directory_summarises(tmp_pa
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Test set: Average loss" in out.stdout
-    summary = summarize(tmp_path / "runs" / "mnist")
+    (run_dir,) = (tmp_path / "runs").glob("async-net-*")
+    summary = summarize(run_dir)
     assert summary["complete"] and summary["workers"] == 2   # the third rank served
     assert summary["samples"] == 3000 and summary["evaluations"] == 1
     assert summary["final_accuracy"] > 0.3

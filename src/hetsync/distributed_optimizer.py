@@ -69,7 +69,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str, *,
                  collective: str = "native", group=None,
                  state_server: tuple[str, int] | None = None, ps_rank: int | None = None,
-                 timeout: float = 120.0, slowdown: float = 1.0, run_dir=None, **options):
+                 timeout: float = 120.0, slowdown: float = 1.0, run_dir=None, log_dir=None,
+                 **options):
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already wrapped by hetsync.wrap")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -117,6 +118,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         #: counted by a one-float all-reduce after every round instead
         self._count_joined = common_round and not self.mode.counts_contributors
         self._finished = False
+        if log_dir is not None and run_dir is None:
+            run_dir = _new_run_dir(log_dir, f"{spec.name}-{type(model).__name__.lower()}",
+                                   rank, store, prefix)
+        #: where this run's records go (`run_dir`, or a new one under `log_dir`), or None
+        self.run_dir = None if run_dir is None else Path(run_dir)
         self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
                                       slowdown=slowdown, collective=collective,
                                       lr=optimizer.param_groups[0]["lr"], options=opts,
@@ -181,41 +187,49 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._unscale()
+        overflowed = self._unscale()
         mode, timer, clock = self.mode, self.mode.comm.timer, self.mode.comm.clock
-        waited = clock.total()
         timer.emulate()
         ended = time.perf_counter()
-        mode.poll()
-        action = mode.decide(Step(self._step_started, ended))
-        finished_round = mode.round
-        applying, applied_waited = time.perf_counter(), clock.total()
-        mode.apply(action)
+        # An overflowed step sits its round out, as a joined worker does, where the mode's
+        # sums count their contributors; elsewhere its zeroed gradient goes in.
+        sits_out = overflowed and mode.counts_contributors and not mode.joined
+        mode.joined = mode.joined or sits_out
+        try:
+            mode.poll()
+            action = mode.decide(Step(self._step_started, ended))
+            finished_round = mode.round
+            applying, applied_waited = time.perf_counter(), clock.total()
+            mode.apply(action)
+        finally:
+            mode.joined = mode.joined and not sits_out
         if action.ends_round and self._count_joined:
             mode.comm.barrier(torch.zeros(1))
         if self._recorder is not None:
-            self._recorder.step(self._step_started, ended, applying, waited, applied_waited,
-                                loss, finished_round if action.ends_round else None)
+            self._recorder.step(self._step_started, ended, applying, applied_waited, loss,
+                                finished_round if action.ends_round else None)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()
         return loss
 
-    def _unscale(self) -> None:
+    def _unscale(self) -> bool:
         """Under `GradScaler` (which sets `grad_scale` and `found_inf` on this optimizer
-        before `step`): unscale the gradients, or, where they overflowed, zero them — this
-        worker takes part in the round without its gradient."""
+        before `step`): unscale the gradients, or, where they overflowed, zero them and say
+        so — this worker takes part in the round without its gradient."""
         found_inf = getattr(self, "found_inf", None)
         scale = getattr(self, "grad_scale", None)
         if found_inf is None and scale is None:
-            return
+            return False
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if found_inf is not None and float(found_inf) > 0:
             for g in grads:
                 g.zero_()
-        elif scale is not None and grads:
+            return True
+        if scale is not None and grads:
             inverse = float(scale.double().reciprocal())
             torch._foreach_mul_(grads, inverse)
+        return False
 
     @contextmanager
     def global_model(self):
@@ -253,7 +267,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 while not self._everyone_joined(mode.join_step()):
                     pass
             mode.finish()
-            if mode.comm.workers > 1 and mode.comm.ps_client is None:
+            if mode.comm.workers > 1 and not self.assembly.spec.parameter_server:
                 self._adopt_last_joiners_model(joined_at)
             if self._recorder is not None:
                 self._recorder.finish(joined_at)
@@ -323,6 +337,11 @@ class RunRecorder:
         except OSError as err:
             raise ValueError(f"run_dir={str(run_dir)!r}: cannot be made ({err.strerror})") \
                 from None
+        held = [p.name for p in (self.dir / "run.json", self.dir / f"worker-{rank}.jsonl")
+                if p.exists()]
+        if held:  # (checked before rank 0 writes run.json: the others check first)
+            raise ValueError(f"run_dir={str(run_dir)!r} holds a run already ({held[0]}): "
+                             f"give a new directory, or log_dir= to have one named per run")
         self.mode, self.rank = mode, rank
         me = {"rank": rank, "host": socket.gethostname(),
               "device": mode.comm.device_name, "slowdown": slowdown, "role": "worker"}
@@ -357,21 +376,23 @@ class RunRecorder:
         self.ended: float | None = None   # training time at `finish`
         if rank == 0:
             write_json_atomic(self.dir / "run.json", self.info)
-        self._hook = model.register_forward_pre_hook(self._count)
+        self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
-    def _count(self, module, args) -> None:
+    def _count(self, module, args, kwargs) -> None:
+        """Samples: the batch of every forward in training mode (its first tensor's)."""
         if module.training and torch.is_grad_enabled():
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            self.round.samples += int(first.shape[0]) if first is not None and first.dim() else 0
+            first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)
+                          and a.dim()), None)
+            self.round.samples += int(first.shape[0]) if first is not None else 0
 
-    def step(self, started: float, ended: float, applying: float, waited: float,
-             applied_waited: float, loss, finished_round: int | None) -> None:
-        """Account one step (times as the training loop takes them); record the round it
-        ended, if any."""
+    def step(self, started: float, ended: float, applying: float, applied_waited: float,
+             loss, finished_round: int | None) -> None:
+        """Account one step (times as the training loop takes them: from the last step's
+        end, the user's forward and backward and the emulated slowdown; then the local
+        update less the waiting and communicating in it); record the round it ended."""
         clock, rnd = self.mode.comm.clock, self.round
         now, total = time.perf_counter(), clock.total()
-        rnd.compute += (ended - started) - (applied_waited - waited)
-        rnd.compute += (now - applying) - (total - applied_waited)
+        rnd.compute += (ended - started) + (now - applying) - (total - applied_waited)
         rnd.steps += 1
         rnd.loss_sum += float(loss) if loss is not None else float("nan")
         if finished_round is not None:
@@ -410,7 +431,21 @@ class RunRecorder:
             wall = time.perf_counter() - self.t0
             write_json_atomic(self.dir / "run.json", {
                 **self.info, "end_time": self.start_time + wall, "wall_s": wall,
-                "train_time": self.train_time(), "paused_s": 0.0})
+                "train_time": self.train_time(),
+                # an evaluation pauses the others at the next common round
+                "paused_s": self.eval_total if self.mode.control is not ControlPath.STORE
+                else 0.0})
+
+
+def _new_run_dir(log_dir, name: str, rank: int, store, prefix: str) -> Path:
+    """`log_dir`/NAME-TIME, named by rank 0 and told to the others through the store."""
+    if rank == 0:
+        run = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if store is not None:
+            store.set(f"{prefix}/run-name", run)
+    else:
+        run = store.get(f"{prefix}/run-name").decode()
+    return Path(log_dir) / run
 
 
 def hetsync_version() -> str:

@@ -17,6 +17,8 @@ Per step, on worker k (`hetsync.algorithms.sparse_ps` for the shared steps):
 Where hetsync departs from the published code: the resync period counts updates applied by
 the server, and the density follows the worker's own rate; the code counts rank 1's steps and
 relays rank 1's rate, which on a mixed-speed cluster ties both to whichever machine is rank 1.
+A pull (a worker starting, or ending: its `finish` takes the server's weights) renews S first,
+as a resync does, so that it gets W rather than a stale S.
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ class DgsRule(SparseApplyRule):
         self.stale: set[int] = set()              # workers whose next reply is S, dense
 
     def pull(self, worker: int) -> torch.Tensor:
-        """A worker (re)joining gets S, dense."""
+        """A worker (re)joining, or ending (its `finish`), gets the weights as they are now:
+        S is renewed (as at a periodic resync), and the others take it, dense, at their next
+        reply."""
+        if self.updates and not torch.equal(self.snapshot, self.weights):
+            self.snapshot = self.weights.clone()
+            self.stale = set(self.sent)
         return self._resync(worker)
 
     def _resync(self, worker: int) -> torch.Tensor:

@@ -211,7 +211,8 @@ class ESync(Mode):
         # The report for the next round leaves now; its answer is read after that round's
         # first step.
         self._plan = self.comm.state_client.report_async(
-            self.comm.rank, self.round + 1, 0, max(self.step_time, 1e-6), self.comm.device_name)
+            self.comm.rank, self.round + 1, 0, max(self.step_time or 0.0, 1e-6),
+            self.comm.device_name)
         self._sent = (local, sent_stats)
         # [stats, weighted delta, τ], then 1 if this worker took local steps (one that has
         # joined under hetsync.wrap sends its last steps, then zeros, and is not counted)

@@ -98,6 +98,7 @@ class SelSync(Mode):
         self._norms: deque[float] = deque(maxlen=w)
         self._changes: deque[float] = deque(maxlen=w)
         self.synced = False   # whether the last step synchronised
+        self._vote = False
         self.synced_steps = 0
 
     def setup(self) -> None:
@@ -154,9 +155,12 @@ class SelSync(Mode):
             unflatten_into(local, parts)
 
     def finish(self) -> None:
-        """End with one model, the workers' average."""
-        parts = self.parameters() + bn_statistics(self.model)
-        unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
+        """End with one model, the workers' average — unless they joined one after another
+        (hetsync.wrap's agreed stop): the early ones hold stale models, and the wrapper gives
+        every worker the last one's."""
+        if not self.joined:
+            parts = self.parameters() + bn_statistics(self.model)
+            unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
         super().finish()
 
     def round_record(self) -> dict[str, Any]:

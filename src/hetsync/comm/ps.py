@@ -383,7 +383,7 @@ class ParameterServer:
             if header.op == Op.PULL:
                 reply = self.rule.pull(src)
             else:
-                if header.rate and hasattr(self.rule, "lr"):  # the worker's schedule
+                if header.rate is not None and hasattr(self.rule, "lr"):  # its schedule
                     self.rule.lr = header.rate
                 reply = self.rule.push(src, payload)
             describe(reply)   # ValueError: the rule returned something the wire cannot carry
@@ -429,7 +429,7 @@ class PSClient:
         self._lock = threading.Lock()
 
     def _request(self, op: Op, payload: Payload, *, name: str, timeout, round: int = 0,
-                 rate: float = 0.0) -> Payload:
+                 rate: float | None = None) -> Payload:
         if self.closed:
             raise RuntimeError(f"PSClient to rank {self.server_rank} is closed")
         t = resolve_timeout(timeout if timeout is not None else self.timeout)
@@ -478,11 +478,11 @@ class PSClient:
         was)."""
         if update is None:
             raise ValueError("update must be a Tensor or SparseMessage, got None")
-        if rate is not None and not (0 < rate <= MAX_RATE and math.isfinite(rate)):
-            raise ValueError(f"rate must be a finite number in (0, {MAX_RATE:g}], got {rate!r}")
+        if rate is not None and not (0 <= rate <= MAX_RATE and math.isfinite(rate)):
+            raise ValueError(f"rate must be a finite number in [0, {MAX_RATE:g}], got {rate!r}")
         with self._lock:
             return self._request(Op.PUSH_PULL, update, name=OP_NAMES[Op.PUSH_PULL],
-                                 timeout=timeout, rate=rate or 0.0)
+                                 timeout=timeout, rate=rate)
 
     def sum(self, tensor: torch.Tensor, *, timeout: float | None = None,
             _op: str = OP_NAMES[Op.SUM]) -> torch.Tensor:

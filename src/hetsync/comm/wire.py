@@ -20,8 +20,9 @@ No pickle and no Python objects cross the wire. Every message is
    8     round           SUM: the client's synchronous-sum number (matches pushes)
    9     status          ERROR: an :class:`Status` code; else 0
    10    detail          ERROR: the :class:`Field` index blamed, or the round; else 0
-   11    rate            PUSH_PULL: the worker's learning rate, the bits of a float64 (0:
-                         the server rule's own; else finite, > 0); other ops: 0
+   11    rate            PUSH_PULL: the worker's learning rate, the bits of a float64 in
+                         [0, MAX_RATE] (all bits 0: none, the rule's own; a rate of 0
+                         travels as -0.0); other ops: 0
    ====  ==============  =========================================================
 
 2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of
@@ -157,12 +158,12 @@ class Header:
     round: int = 0
     status: int = 0
     detail: int = 0
-    rate: float = 0.0
+    rate: float | None = None
 
     def encode(self) -> torch.Tensor:
         return torch.tensor([MAGIC_VERSION, self.op, self.sender, self.seq, self.kind,
                              self.dtype, self.numel, self.nnz, self.round, self.status,
-                             self.detail, rate_bits(self.rate)], dtype=torch.int64)
+                             self.detail, rate_field(self.rate)], dtype=torch.int64)
 
     @property
     def payload_bytes(self) -> int:
@@ -174,8 +175,15 @@ class Header:
 
 
 def rate_bits(rate: float) -> int:
-    """A float64's bits as the int64 a header field holds (0.0 is 0)."""
+    """A float64's bits as the int64 a header field holds."""
     return struct.unpack("<q", struct.pack("<d", rate))[0]
+
+
+def rate_field(rate: float | None) -> int:
+    """Field 11 of a push: no rate is 0; a rate of 0 is -0.0's bits (so it is one)."""
+    if rate is None:
+        return 0
+    return rate_bits(-0.0 if rate == 0 else float(rate))
 
 
 def bits_rate(bits: int) -> float:
@@ -294,9 +302,9 @@ def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS
     rate = bits_rate(v[Field.RATE])
     if op != Op.PUSH_PULL and v[Field.RATE] != 0:
         raise _refuse(source, Field.RATE, v[Field.RATE], "only PUSH_PULL carries a rate")
-    if v[Field.RATE] != 0 and not (0 < rate <= MAX_RATE and math.isfinite(rate)):
+    if v[Field.RATE] != 0 and not (0 <= rate <= MAX_RATE and math.isfinite(rate)):
         raise _refuse(source, Field.RATE, v[Field.RATE],
-                      f"the rate {rate!r} is not a finite number in (0, {MAX_RATE:g}]")
+                      f"the rate {rate!r} is not a finite number in [0, {MAX_RATE:g}]")
     return Header(op=op, sender=source, seq=v[Field.SEQ], kind=kind, dtype=dtype,
                   numel=numel, nnz=nnz, round=v[Field.ROUND], status=v[Field.STATUS],
-                  detail=v[Field.DETAIL], rate=rate if v[Field.RATE] != 0 else 0.0)
+                  detail=v[Field.DETAIL], rate=abs(rate) if v[Field.RATE] != 0 else None)
