@@ -422,7 +422,7 @@ class RunRecorder:
         """The steps since the last round's end went out with the first round after this
         worker joined (`joined_at`): their record, with the wait for the others since."""
         self._hook.remove()
-        if self.round.steps:
+        if self.round.steps or self.mode.comm.clock.total() > 0:  # steps, or the wait
             self.records.write(self.round.record(self.mode, self.rank, joined_at, self.t0,
                                                  self.eval_total, self.epoch))
         self.records.close()
