@@ -92,3 +92,14 @@ def test_wrap_refuses_pytorchs_own_schemes_clearly():
         hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="ddp")
     with pytest.raises(ValueError, match="'period' is not an option of mode sync"):
         hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync", period=3)
+
+
+def test_a_time_budget_given_alone_is_the_stopping_rule():
+    from hetsync.cli import WORKER_DEFAULTS, build_parser
+
+    args = build_parser().parse_args(["worker", "--time-budget", "60"])
+    assert config_from_args(args, WORKER_DEFAULTS).epochs is None
+    args = build_parser().parse_args(["worker", "--time-budget", "60", "--epochs", "2"])
+    assert config_from_args(args, WORKER_DEFAULTS).epochs == 2
+    args = build_parser().parse_args(["worker"])
+    assert config_from_args(args, WORKER_DEFAULTS).epochs == 3

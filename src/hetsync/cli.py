@@ -161,9 +161,27 @@ def cmd_summarize(args) -> int:
 
     for run_dir in args.run_dirs:
         path = write_summary(run_dir, targets=tuple(args.targets), esync_json=args.esync_json)
-        print_summary(summarize(run_dir, targets=tuple(args.targets)))
+        summary = summarize(run_dir, targets=tuple(args.targets))
+        print_summary(summary)
+        if summary["missing_workers"]:
+            print(f"warning: {run_dir}: run.json lists worker rank(s) "
+                  f"{summary['missing_workers']} with no records here, so every figure above "
+                  f"leaves them out; gather every machine's records first (hetsync gather "
+                  f"{run_dir} OTHER_DIR...)", file=sys.stderr)
         print(f"wrote {path}")
     return 0
+
+
+def cmd_gather(args) -> int:
+    from hetsync.telemetry.gather import GatherError, gather
+
+    try:
+        copied = gather(args.dest, args.sources)
+    except GatherError as err:
+        raise ConfigError(str(err)) from None
+    print(f"gathered into {args.dest}: {', '.join(copied) or 'nothing new'}")
+    return cmd_summarize(argparse.Namespace(run_dirs=[args.dest], targets=[0.7, 0.8, 0.85, 0.9],
+                                            esync_json=False))
 
 
 def cmd_plot(args) -> int:
@@ -259,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--esync-json", action="store_true",
                    help="also write ESync's original summary schema")
     p.set_defaults(func=cmd_summarize)
+
+    p = sub.add_parser("gather", help="one run's records from several machines into one "
+                       "directory, then its summary",
+                       description="Copy the records of one run, written by several machines "
+                       "under torchrun (each its own workers'), into DEST; refuses records of "
+                       "different runs or a file that differs between sources.")
+    p.add_argument("dest", metavar="DEST")
+    p.add_argument("sources", nargs="+", metavar="SOURCE_DIR")
+    p.set_defaults(func=cmd_gather)
 
     p = sub.add_parser("plot", help="draw the figures comparing runs")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

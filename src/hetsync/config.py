@@ -120,7 +120,8 @@ class Config:
     target_acc: float | None = field(default=None, metadata={"flags": ("--target-acc",),
                                      "help": "stop at this test accuracy"})
     epochs: float | None = field(default=3.0, metadata={"flags": ("--epochs",),
-                                 "help": "stop after this many epochs of data (all workers)"})
+                                 "help": "stop after this many epochs of data (all workers; a "
+                                         "--time-budget given alone: none)"})
     bandwidth: str | None = field(default=None, metadata={"flags": ("--bandwidth",),
         "help": "launch, bench: every rank on its own emulated host behind a link of this "
                 "rate both ways, e.g. 100mbit (network namespaces and tc tbf; needs root)"})
@@ -658,7 +659,10 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
     """`base` (default: Config()) with every flag given on the command line laid over it."""
     base = base or Config()
     names = {f.name for f in dataclasses.fields(Config)}
-    cfg = dataclasses.replace(base, **{k: v for k, v in vars(args).items() if k in names})
+    given = {k: v for k, v in vars(args).items() if k in names}
+    if given.get("time_budget") is not None and "epochs" not in given:
+        given["epochs"] = None  # a time budget given alone is the stopping rule
+    cfg = dataclasses.replace(base, **given)
     options = given_options(args, cfg.spec, cfg.mode)
     return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
 

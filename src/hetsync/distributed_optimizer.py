@@ -428,6 +428,10 @@ class RunRecorder:
         self.records.close()
         self.ended = self.train_time()
         if self.rank == 0:
+            traffic = (self.mode.comm.state_client.traffic()
+                       if self.mode.comm.state_client is not None else None)
+            if traffic is not None:
+                write_json_atomic(self.dir / "state-server.json", traffic)
             wall = time.perf_counter() - self.t0
             write_json_atomic(self.dir / "run.json", {
                 **self.info, "end_time": self.start_time + wall, "wall_s": wall,

@@ -26,7 +26,6 @@ from hetsync.config import Config, ConfigError
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
-from hetsync.telemetry.recorder import write_json_atomic
 
 
 class LaunchError(RuntimeError):
@@ -147,20 +146,6 @@ class Cluster:
         self.state_restarts += 1
         self.start_state_server(self.state_port)
         return True
-
-    def state_server_stats(self) -> dict | None:
-        from hetsync.state import StateClient
-
-        if self.state_port is None:
-            return None
-        client = StateClient(self.cfg.state_ip, self.state_port, timeout=5, token=self.token)
-        try:
-            status = client.status()
-        except Exception:
-            return None
-        finally:
-            client.close()
-        return {k: status[k] for k in ("bytes_sent", "bytes_recv", "requests")}
 
     def start_ranks(self, config_path: Path) -> None:
         master_port = free_port()
@@ -317,9 +302,6 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             progress.update()
             time.sleep(0.5)
         progress.update(final=True)
-        stats = cluster.state_server_stats()
-        if stats is not None:
-            write_json_atomic(run_dir / "state-server.json", stats)
     except (KeyboardInterrupt, _Terminated):
         interrupted = True
         print("\ninterrupted: stopping every process of the run", file=stream)

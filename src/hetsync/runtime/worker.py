@@ -179,6 +179,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
             if rank == 0:
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
             state = loop.run(t0)
+            if rank == 0 and mode.comm.state_client is not None:  # launch or torchrun alike
+                traffic = mode.comm.state_client.traffic()
+                if traffic is not None:
+                    write_json_atomic(run_dir / "state-server.json", traffic)
             if rank == 0:
                 wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
                 train_time = state.train_time(time.perf_counter())

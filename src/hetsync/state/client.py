@@ -122,6 +122,15 @@ class StateClient:
     def status(self) -> dict:
         return self._request("GET", "/status")
 
+    def traffic(self) -> dict | None:
+        """The server's request and byte counts (a run's `state-server.json`); None if it
+        cannot tell (gone)."""
+        try:
+            status = self._request("GET", "/status", retry_s=1.0)
+        except StateServerError:
+            return None
+        return {k: status[k] for k in ("bytes_sent", "bytes_recv", "requests")}
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

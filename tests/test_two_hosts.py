@@ -1,0 +1,106 @@
+"""torchrun across two machines, made on this one (root only; skipped with the reason
+elsewhere): two network namespaces joined by veth pairs to a bridge
+(`runtime.network.LimitedNetwork`), ESync's state server on the bridge's own address (a third
+machine), the README's `torchrun --nnodes 2` command on each host, each host's records in its
+own directory, gathered into one (`hetsync gather`) — and its summary beside a one-host
+`hetsync launch` of the same size."""
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from hetsync.runtime.network import LimitedNetwork, NetworkUnavailable, check_available
+from hetsync.telemetry.summarize import summarize
+from tests.distributed import free_port
+
+
+def _unavailable() -> str | None:
+    try:
+        check_available()
+    except NetworkUnavailable as err:
+        return str(err)
+    return None
+
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_unavailable() is not None,
+                                 reason=f"cannot make network namespaces here: {_unavailable()}")]
+
+BUDGET = "8"
+COMMON = ["-n", "lenet", "--time-budget", BUDGET, "--eval-interval", "4", "--timeout", "60",
+          "--batch-size", "64"]
+
+
+def _hetsync(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetsync", *args], capture_output=True,
+                          text=True, timeout=300, **kw)
+
+
+def _two_hosts(tmp_path, mode: str, workers: int):
+    """The run on two emulated hosts of 2 processes each; each host's run directory."""
+    env = {**os.environ, "HETSYNC_TOKEN": secrets.token_hex(8)}
+    args = ["-m", mode, "--workers", str(workers), "--run-name", "exp", *COMMON]
+    server = None
+    with LimitedNetwork(2, "10gbit") as net:
+        env["GLOO_SOCKET_IFNAME"] = net.interface
+        try:
+            if mode == "esync":  # on a third machine: the bridge's address
+                port = free_port()
+                server = subprocess.Popen(
+                    [sys.executable, "-m", "hetsync", "state-server", "--host",
+                     net.bridge_address, "--port", str(port), "--workers", str(workers)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                args += ["-ip", net.bridge_address, "-port", str(port)]
+            master_port = str(free_port())
+            hosts = [subprocess.Popen(net.command(k, [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                "--nproc-per-node", "2", "--node-rank", str(k), "--master-addr",
+                net.address(0), "--master-port", master_port,
+                "-m", "hetsync", "worker", *args, "-ld", str(tmp_path / f"host{k}")]),
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for k in (0, 1)]
+            outputs = [host.communicate(timeout=300)[0] for host in hosts]
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=10)
+    for host, out in zip(hosts, outputs):
+        assert host.returncode == 0, out[-3000:]
+    return [tmp_path / f"host{k}" / "exp" for k in (0, 1)]
+
+
+@pytest.mark.parametrize("mode,workers", [("esync", 4), ("sync", 4), ("async", 3)])
+def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mode, workers):
+    host0, host1 = _two_hosts(tmp_path, mode, workers)
+    # rank 0's machine's records alone: a warning naming the ranks whose records are on host 1
+    alone = _hetsync("summarize", str(host0))
+    assert alone.returncode == 0, alone.stderr
+    elsewhere = "[2, 3]" if workers == 4 else "[2]"
+    assert "with no records here" in alone.stderr and elsewhere in alone.stderr
+    gathered = tmp_path / "gathered"
+    out = _hetsync("gather", str(gathered), str(host0), str(host1))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "with no records here" not in out.stderr
+    two = summarize(gathered)
+    assert two["complete"] and two["missing_workers"] == []
+    assert [w["rank"] for w in two["per_worker"]] == list(range(workers))
+    assert {w["host"] for w in two["per_worker"]} == {
+        json.loads((host0 / "run.json").read_text())["ranks"][0]["host"]}  # one machine
+    if mode == "esync":  # the state server's records, from rank 0 (no launcher here)
+        assert json.loads((gathered / "state-server.json").read_text())["requests"] > 0
+    if mode == "async":  # the parameter server's, from its own rank on host 1
+        assert (gathered / "ps.jsonl").is_file()
+
+    one = _hetsync("launch", "-m", mode, "--workers", str(workers), "--slowdowns",
+                   ",".join(["1"] * workers), "--run-name", "one", "-ld", str(tmp_path),
+                   "--no-figures", "--quiet", "--no-live", *COMMON)
+    assert one.returncode == 0, one.stdout[-2000:] + one.stderr[-2000:]
+    single = summarize(tmp_path / "one")
+    ratio = two["throughput"] / single["throughput"]
+    print(f"{mode}: two hosts {two['throughput']:.0f} samples/s, one host "
+          f"{single['throughput']:.0f} samples/s, ratio {ratio:.2f}")
+    assert 0.5 <= ratio <= 2.0, (two["throughput"], single["throughput"])
