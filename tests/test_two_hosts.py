@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(_unavailable() is not None,
                                  reason=f"cannot make network namespaces here: {_unavailable()}")]
 
-BUDGET = "8"
-COMMON = ["-n", "lenet", "--time-budget", BUDGET, "--eval-interval", "4", "--timeout", "60",
+BUDGET = "5"
+COMMON = ["-n", "lenet", "--time-budget", BUDGET, "--eval-interval", "2.5", "--timeout", "60",
           "--batch-size", "64"]
 
 

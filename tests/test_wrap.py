@@ -258,3 +258,18 @@ def test_the_example_runs_under_torchrun_and_its_run_directory_summarises(tmp_pa
     assert summary["complete"] and summary["workers"] == 2   # the third rank served
     assert summary["samples"] == 3000 and summary["evaluations"] == 1
     assert summary["final_accuracy"] > 0.3
+
+
+def test_a_refused_run_dir_leaves_no_server_running(tmp_path):
+    import threading
+
+    (tmp_path / "run.json").write_text("{}")
+    model = _model()
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="holds a run already \\(run.json\\)"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="esync",
+                     run_dir=tmp_path)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before   # its state server's thread stopped

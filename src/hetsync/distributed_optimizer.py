@@ -101,32 +101,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
         DistributedOptimizer._made += 1
         prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
         store = dist.distributed_c10d._get_default_store() if workers > 1 else None
-        self._state_server = None
-        token = None
+        self._state_server, self._finished, token = None, False, None
         if spec.state_server and state_server is None:
             self._state_server, state_server, token = _start_state_server(
                 rank, workers, store, prefix)
-        self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
-                                 group=group, collective=collective, timeout=timeout,
-                                 state_server=state_server or ("127.0.0.1", 10010),
-                                 state_token=token, ps_rank=ps_rank, slowdown=slowdown)
+        self.assembly = None
+        try:
+            self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
+                                     group=group, collective=collective, timeout=timeout,
+                                     state_server=state_server or ("127.0.0.1", 10010),
+                                     state_token=token, ps_rank=ps_rank, slowdown=slowdown)
+            self._connect(spec, model, rank, workers, store, prefix, run_dir, log_dir,
+                          slowdown=slowdown, collective=collective, options=opts,
+                          timeout=timeout)
+        except BaseException:  # nothing left running behind a one-line error
+            self._close(wait=False)
+            raise
+
+    def _connect(self, spec, model, rank: int, workers: int, store, prefix: str, run_dir,
+                 log_dir, **record) -> None:
+        """The stop's bookkeeping and the records, once the mode is assembled."""
         self.mode = self.assembly.mode
         common_round = workers > 1 and self.mode.control is not ControlPath.STORE
-        self._store_join = (StoreJoin(store, prefix, rank, workers, timeout)
+        self._store_join = (StoreJoin(store, prefix, rank, workers, record["timeout"])
                             if workers > 1 and not common_round else None)
         #: a mode whose sums do not count their contributors (a plugin's): the joined are
         #: counted by a one-float all-reduce after every round instead
         self._count_joined = common_round and not self.mode.counts_contributors
-        self._finished = False
         if log_dir is not None and run_dir is None:
             run_dir = _new_run_dir(log_dir, f"{spec.name}-{type(model).__name__.lower()}",
                                    rank, store, prefix)
         #: where this run's records go (`run_dir`, or a new one under `log_dir`), or None
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
-                                      slowdown=slowdown, collective=collective,
-                                      lr=optimizer.param_groups[0]["lr"], options=opts,
-                                      timeout=timeout)
+                                      lr=self.optimizer.param_groups[0]["lr"], **record)
                           if run_dir is not None else None)
         self._step_started = self.mode.comm.timer.begin()
 
@@ -272,9 +280,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._recorder is not None:
                 self._recorder.finish(joined_at)
         finally:
-            self.assembly.close()
-            if self._state_server is not None:
-                self._state_server.stop()
+            self._close()
+
+    def _close(self, wait: bool = True) -> None:
+        """Stop the background channel, the state-server connection and the state server
+        this worker started, if any."""
+        if self.assembly is not None:
+            self.assembly.close(wait=wait)
+        if self._state_server is not None:
+            self._state_server.stop()
 
     def _everyone_joined(self, action) -> bool:
         """After a joined worker's step: whether the round it ended was everyone's last (the
@@ -304,9 +318,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.finish()
         else:  # do not wait for the others: the exception says what went wrong
             self._finished = True
-            self.assembly.close(wait=False)
-            if self._state_server is not None:
-                self._state_server.stop()
+            self._close(wait=False)
 
     def state_dict(self) -> dict:
         """The wrapped optimizer's state dict, with the mode's state under ``"hetsync"``."""
