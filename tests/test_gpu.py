@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hetsync.telemetry.summarize import summarize
-from tests.distributed import run_ranks
+from distributed import run_ranks
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,

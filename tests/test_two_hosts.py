@@ -15,7 +15,7 @@ import pytest
 
 from hetsync.runtime.network import LimitedNetwork, NetworkUnavailable, check_available
 from hetsync.telemetry.summarize import summarize
-from tests.distributed import free_port
+from distributed import free_port
 
 
 def _unavailable() -> str | None:

@@ -13,7 +13,7 @@ import torch
 import hetsync
 from hetsync.telemetry.plots import plot_runs
 from hetsync.telemetry.summarize import summarize
-from tests.distributed import free_port, run_ranks
+from distributed import free_port, run_ranks
 
 STEPS = (12, 24, 36)   # each rank's own number of batches: uneven on purpose
 
@@ -273,3 +273,30 @@ def test_a_refused_run_dir_leaves_no_server_running(tmp_path):
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= before   # its state server's thread stopped
+
+
+def _one_raises(rank, world):
+    torch.manual_seed(0)
+    model = _model()
+    try:
+        with hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
+                          timeout=30) as opt:
+            for i, (x, y) in enumerate(_task(rank, 10)[2]):
+                if rank == 1 and i == 3:
+                    raise ValueError("boom in the user's loop")
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    except Exception as err:  # noqa: BLE001 - what the user would see
+        return f"{type(err).__name__}: {err}"
+    return "finished"
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_mid_run_is_named_with_its_cause_by_the_others():
+    began = time.monotonic()
+    waiting, failed = run_ranks(_one_raises, 2, timeout=90)
+    assert failed == "ValueError: boom in the user's loop"
+    assert waiting.startswith("CommError: worker 0: round 4 could not complete: worker 1 "
+                              "raised ValueError: boom in the user's loop"), waiting
+    assert time.monotonic() - began < 60   # not the 30 s collective timeout twice over

@@ -34,6 +34,7 @@ contributed, not divided by all of them (`Join`'s `divide_by_initial_world_size`
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import ipaddress
 import json
@@ -52,9 +53,14 @@ from hetsync.algorithms import registry
 from hetsync.algorithms.base import ControlPath, Step
 from hetsync.config import COLLECTIVES
 from hetsync.runtime.assembly import assemble
-from hetsync.runtime.control import StoreJoin
+from hetsync.comm.errors import CommError
+from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
+
+
+#: what a collective raises when a peer has gone (hetsync's transfers; gloo's own)
+PEER_FAILURES = (CommError, dist.DistBackendError)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -136,7 +142,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
                                       lr=self.optimizer.param_groups[0]["lr"], **record)
                           if run_dir is not None else None)
+        self._departures = None
+        if workers > 1:  # a worker that leaves early says why (`failure`)
+            self._departures = Departures(store, prefix, rank, workers)
+            atexit.register(self._exit_without_finish)
         self._step_started = self.mode.comm.timer.begin()
+
+    def _exit_without_finish(self) -> None:
+        if not self._finished:
+            self._departures.leave("exited without calling finish() (every worker must: it "
+                                   "is the agreed stop)")
+
+    def _failure(self, err: BaseException) -> CommError:
+        """A collective that failed: which workers left, and why, as far as they said."""
+        return CommError(f"worker {self.rank}: round {self.mode.round} could not complete: "
+                         f"{self._departures.explain()} ({type(err).__name__}: "
+                         f"{str(err).strip().splitlines()[0][:200] if str(err) else ''})",
+                         op="hetsync.wrap")
 
     # The wrapped optimizer's own groups, state and defaults: a scheduler that changes a
     # group's rate changes the rate the mode's local update uses.
@@ -209,6 +231,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             finished_round = mode.round
             applying, applied_waited = time.perf_counter(), clock.total()
             mode.apply(action)
+        except PEER_FAILURES as err:
+            if self._departures is None:
+                raise
+            raise self._failure(err) from err
         finally:
             mode.joined = mode.joined and not sits_out
         if action.ends_round and self._count_joined:
@@ -265,6 +291,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._finished:
             return
         self._finished = True
+        atexit.unregister(self._exit_without_finish)
         mode = self.mode
         try:
             joined_at = mode.round
@@ -279,6 +306,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._adopt_last_joiners_model(joined_at)
             if self._recorder is not None:
                 self._recorder.finish(joined_at)
+        except PEER_FAILURES as err:
+            if self._departures is None:
+                raise
+            raise self._failure(err) from err
         finally:
             self._close()
 
@@ -317,6 +348,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if exc_type is None:
             self.finish()
         else:  # do not wait for the others: the exception says what went wrong
+            if self._departures is not None and not self._finished:
+                self._departures.leave(f"raised {exc_type.__name__}: {exc}")
             self._finished = True
             self._close(wait=False)
 

@@ -167,6 +167,14 @@ class ESync(Mode):
             ident = on_wire.cpu()
         return f"{int(ident):016x}"
 
+    def join(self) -> None:
+        """No data left (hetsync.wrap): from now on report a negligible step time, so the
+        rounds are planned around the workers still computing (a slow device that has
+        finished no longer sets their length)."""
+        super().join()
+        self._recent = deque([1e-6], maxlen=self.WINDOW)
+        self.step_time = 1e-6
+
     def poll(self) -> None:
         """Apply a sum that came in; at a round's first step, read the server's plan."""
         if self._pending is not None and self._pending.done():

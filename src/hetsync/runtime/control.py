@@ -134,3 +134,39 @@ class StoreJoin:
                         f"worker {r} has neither stepped nor finished for {self.timeout:g} s "
                         f"while this one waits for every worker to finish (dead or stuck?)",
                         op="wrap/join", seconds=self.timeout)
+
+
+class Departures:
+    """Why a worker left a wrapped run early (`hetsync.wrap`), kept in the store: one that
+    raised inside `with opt:`, or whose process exits without `finish()`, leaves a line
+    (`leave`); a worker whose collective then fails names them and their cause (`explain`),
+    where gloo's own error names an address at best."""
+
+    WAIT = 2.0  # seconds `explain` gives a departing worker to leave its line
+
+    def __init__(self, store, prefix: str, rank: int, workers: int):
+        self.store, self.prefix, self.rank, self.workers = store, prefix, rank, workers
+
+    def _key(self, rank: int) -> str:
+        return f"{self.prefix}/departed/{rank}"
+
+    def leave(self, why: str) -> None:
+        try:  # best effort: the store lives with worker 0's process
+            self.store.set(self._key(self.rank), why[:300])
+        except Exception:  # noqa: BLE001 - nothing more can be said then
+            pass
+
+    def explain(self) -> str:
+        others = [r for r in range(self.workers) if r != self.rank]
+        end = time.monotonic() + self.WAIT
+        while True:
+            try:
+                said = [f"worker {r} {self.store.get(self._key(r)).decode()}" for r in others
+                        if self.store.check([self._key(r)])]
+            except Exception:  # noqa: BLE001 - the store itself is unreachable
+                return ("the run's store is gone too: worker 0 stopped or crashed (its "
+                        "process holds it)")
+            if said or time.monotonic() >= end:
+                return "; ".join(said) or ("no worker left a word: one was killed, or its "
+                                           "machine or the network failed")
+            time.sleep(0.1)
