@@ -2,6 +2,7 @@
 the servers it starts, and the one-line errors of its misuses — on real gloo processes."""
 
 import difflib
+import io
 import subprocess
 import sys
 import time
@@ -48,11 +49,16 @@ def _uneven(rank, world, mode, run_dir, collective="native"):
                        slowdown=1.0 + rank, collective=collective)
     start = _loss(model, x_all, y_all)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.7)
-    for x, y in loader:   # the README's own loop
+    for i, (x, y) in enumerate(loader):   # the README's own loop
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         schedule.step()
+        if i == 5:  # a checkpoint mid-run, as the README says to write one
+            saved = io.BytesIO()
+            torch.save(opt.state_dict(), saved)
+            saved.seek(0)
+            assert "hetsync" in torch.load(saved, weights_only=True)
     last_step = time.time()
     opt.finish()
     opt.record_evaluation(test_acc=0.5, test_loss=_loss(model, x_all, y_all))  # rank 0's

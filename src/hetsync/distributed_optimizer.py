@@ -354,7 +354,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._close(wait=False)
 
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state dict, with the mode's state under ``"hetsync"``."""
+        """The wrapped optimizer's state dict, with the mode's state under ``"hetsync"`` (what
+        is in flight, e.g. ESync's sum, is applied first, so the state is whole)."""
+        self.mode.settle()
         return {**self.optimizer.state_dict(), "hetsync": {"mode": self.mode.state_dict()}}
 
     def load_state_dict(self, state: dict) -> None:
