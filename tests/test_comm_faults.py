@@ -4,6 +4,7 @@ CommError / CommTimeoutError, naming the operation and the peer, within the time
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -110,3 +111,54 @@ def test_dead_worker_stops_the_server_within_its_timeout():
     assert server["type"] in ("CommError", "CommTimeoutError"), server
     assert "ps/serve" in server["msg"] and "[1]" in server["msg"]
     assert server["elapsed"] < TIMEOUT + SLACK
+
+
+def _worker_dies_mid_request(rank: int, world_size: int, when: str):
+    import torch.distributed as dist
+    from hetsync.comm import ParameterServer, PSClient
+    from hetsync.comm.ps import TAG_REQUEST
+    from hetsync.comm.wire import Header, Op, describe
+
+    class Sum:
+        def __init__(self):
+            self.w = torch.zeros(1000)
+
+        def pull(self, worker):
+            return self.w
+
+        def push(self, worker, update):
+            if worker == 1 and when == "before its reply":
+                time.sleep(1.0)  # rank 1 dies while the server works on its push
+            self.w += update
+            return self.w
+
+    server = world_size - 1
+    dist.barrier()
+    if rank == server:
+        stats = ParameterServer([0, 1], Sum(), timeout=TIMEOUT).serve()
+        return {"lost": stats.lost, "per_worker": stats.per_worker}
+    client = PSClient(server, timeout=TIMEOUT)
+    if rank == 1:
+        if when == "before its payload":  # a header announcing 1000 values, then nothing
+            header = Header(op=Op.PUSH_PULL, sender=1, seq=0, **describe(torch.ones(1000)))
+            dist.send(header.encode(), server, tag=TAG_REQUEST)
+        else:
+            threading.Thread(target=client.push_pull, args=(torch.ones(1000),),
+                             daemon=True).start()
+            time.sleep(0.3)
+        os._exit(1)
+    time.sleep(2.0)                 # rank 1 is dead by now; rank 0 is still served
+    for _ in range(5):
+        weights = client.push_pull(torch.ones(1000))
+    client.close()
+    return float(weights[0])
+
+
+@pytest.mark.parametrize("when", ["before its payload", "before its reply"])
+def test_a_worker_dying_mid_request_is_lost_and_the_others_are_served(when):
+    w0, dead, server = run_ranks(_worker_dies_mid_request, 3, when, allow_failures=True,
+                                 timeout=60)
+    assert isinstance(dead, Exception)
+    assert server["lost"] == [1], server
+    assert server["per_worker"][0] == 6     # five pushes and the goodbye
+    assert w0 == (6.0 if when == "before its reply" else 5.0)  # rank 1's push, if applied

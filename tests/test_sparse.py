@@ -183,7 +183,10 @@ def _sparse_run(rank, world, mode, steps, options):
         algo.apply(algo.decide(Step(float(i), i + 0.01)))
         views.append(flatten(params).clone())
     after = meter.totals()
-    algo.finish()   # which pulls the server's view once more
+    # finish() pulls the server's view once more, and a DGS pull renews S (the others' next
+    # reply is dense): every worker finishes its steps before any of them pulls
+    dist.barrier(group)
+    algo.finish()
     views.append(flatten(params).clone())
     return views, (after[0] - before[0]) / steps, (after[1] - before[1]) / steps, algo.sent / steps
 

@@ -88,7 +88,8 @@ class ServerStats:
     bytes_recv: int = 0
     #: requests refused, one dict per refused (and then dropped) worker: rank, field, error
     refused: list[dict] = dataclasses.field(default_factory=list)
-    #: workers that never said BYE, given up after `linger` (they died)
+    #: workers that never said BYE: given up after `linger`, or whose connection failed in
+    #: the middle of a request (they died)
     lost: list[int] = dataclasses.field(default_factory=list)
 
 
@@ -136,7 +137,9 @@ class ParameterServer:
        A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
        served no more, as if it had said BYE; the others go on. A worker that dies is simply
        heard from no more (gloo's any-source receive goes on with the others); with
-       ``linger``, it is given up once the others have finished.
+       ``linger``, it is given up once the others have finished. One that dies in the middle
+       of a request (its payload, or the reply to it, fails) is lost at once: recorded in
+       ``stats.lost`` and served no more; the others go on.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -220,10 +223,15 @@ class ParameterServer:
             open_workers.discard(worker)
             closed_at[worker] = next_round[worker]
             for r in sorted(k for k in rounds if k >= next_round[worker]):
-                waiting = rounds.pop(r)
-                self._transfer([o for w, (s, _) in waiting.items()
-                                for o in self._error_ops(w, s, Status.ROUND_ABORTED, r)],
-                               OP_NAMES[Op.SUM])
+                for w, (s, _) in sorted(rounds.pop(r, {}).items()):  # (a nested close took it)
+                    self._send(w, self._error_ops(w, s, Status.ROUND_ABORTED, r),
+                               OP_NAMES[Op.SUM], lose)
+
+        def lose(worker: int) -> None:
+            """`worker`'s connection failed mid-request: it died; the others go on."""
+            if worker in open_workers:
+                self.stats.lost.append(worker)
+                close(worker)
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
@@ -237,9 +245,8 @@ class ParameterServer:
                                    tag=TAG_REQUEST, count=False)
             except CommTimeoutError as exc:
                 if lingering:  # the others have finished: the silent ones are gone
-                    self.stats.lost = sorted(open_workers)
-                    for worker in self.stats.lost:
-                        close(worker)
+                    for worker in sorted(open_workers):
+                        lose(worker)
                     break
                 raise CommTimeoutError(
                     f"ps/serve: no request within {timeout:g} s from any of the workers still "
@@ -261,6 +268,9 @@ class ParameterServer:
                 if src in open_workers:
                     close(src)
                 continue
+            except CommError:  # its payload never came: it died mid-request
+                lose(src)
+                continue
             op = OP_NAMES[Op(header.op)]
             next_seq[src] += 1
             self.stats.requests[op.split("/")[1]] += 1
@@ -268,19 +278,19 @@ class ParameterServer:
 
             if header.op in (Op.PULL, Op.PUSH_PULL):
                 reply = self._apply(header, src, payload, op)
-                self._transfer(self._reply_ops(src, header.seq, reply), op)
+                self._send(src, self._reply_ops(src, header.seq, reply), op, lose)
             elif header.op == Op.SUM:
                 next_round[src] += 1
                 r = header.round
                 if any(c <= r for c in closed_at.values()):
-                    self._transfer(self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
-                                   op)
+                    self._send(src, self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
+                               op, lose)
                     continue
                 rounds.setdefault(r, {})[src] = (header.seq, payload)
                 if len(rounds[r]) == len(self.workers):
-                    self._finish_round(rounds.pop(r), op)
+                    self._finish_round(rounds.pop(r), op, lose)
             else:  # BYE
-                self._transfer(self._reply_ops(src, header.seq, None), op)
+                self._send(src, self._reply_ops(src, header.seq, None), op, lambda w: None)
                 close(src)
                 said_bye = True
         return self.stats
@@ -392,12 +402,21 @@ class ParameterServer:
             self._send_error_quietly(src, header.seq, Status.RULE_FAILED, 0, op)
             raise
 
-    def _finish_round(self, pushes: dict[int, tuple[int, torch.Tensor]], op: str) -> None:
+    def _send(self, worker: int, ops: list[tuple], op: str, lose) -> None:
+        """Send `ops` to `worker`; if its connection fails, it died: ``lose(worker)``."""
+        try:
+            self._transfer(ops, op)
+        except CommError:
+            lose(worker)
+
+    def _finish_round(self, pushes: dict[int, tuple[int, torch.Tensor]], op: str,
+                      lose) -> None:
         order = sorted(pushes)
         total = pushes[order[0]][1]
         for w in order[1:]:
             total.add_(pushes[w][1])
-        self._transfer([o for w in order for o in self._reply_ops(w, pushes[w][0], total)], op)
+        for w in order:
+            self._send(w, self._reply_ops(w, pushes[w][0], total), op, lose)
         self.stats.sum_rounds += 1
 
 
