@@ -27,6 +27,7 @@ from typing import Any
 
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 PARTITIONS = ("iid", "shared", "class", "dirichlet")
+LR_SCHEDULES = ("constant", "cosine")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
 #: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
@@ -63,6 +64,12 @@ class Config:
     lr: float = field(default=0.05, metadata={"flags": ("-l", "--learning-rate"),
                       "help": "learning rate (of the mean gradient; sync, async, local; "
                               "ESync's local rate unless -ll)"})
+    lr_schedule: str = field(default="constant", metadata={"flags": ("--lr-schedule",),
+        "help": f"the local rate over the run: {', '.join(LR_SCHEDULES)} (decays from -l to "
+                "--lr-final x -l over the stopping rule: --time-budget of training time, "
+                "else --epochs)"})
+    lr_final: float = field(default=0.0, metadata={"flags": ("--lr-final",),
+        "help": "--lr-schedule cosine: the rate at the end, as a fraction of -l"})
     momentum: float = field(default=0.0, metadata={"flags": ("--momentum",),
                             "help": "SGD momentum of the local optimizer (ESync uses 0)"})
     gpu: int = field(default=-1, metadata={"flags": ("-g", "--gpu"),
@@ -228,6 +235,14 @@ class Config:
             raise bad("lr", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "a number in [0, 1)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise bad("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
+        if not 0 <= self.lr_final <= 1:
+            raise bad("lr_final", "a fraction of -l in [0, 1]")
+        if (self.lr_schedule != "constant" and self.time_budget is None
+                and self.epochs is None):
+            raise bad("lr_schedule", "constant without --time-budget or --epochs (a schedule "
+                                     "decays over the run's length)")
         if not 0 < self.dirichlet_alpha < math.inf:
             raise bad("dirichlet_alpha", "a finite number > 0")
         if self.eval_every < 0:

@@ -41,8 +41,8 @@ from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.config import (COLLECTIVES, DATASETS, MAX_SEED, OPTION_PREFIX, PARTITIONS,
-                            ArgumentParser, Config, ConfigError, add_option_arguments,
+from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, OPTION_PREFIX,
+                            PARTITIONS, ArgumentParser, Config, ConfigError, add_option_arguments,
                             given_options, unwritable_dir)
 
 DEFAULT_MODES = ("local", "sync", "esync", "esync-outer", "async", "dcasgd")
@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--partition", default="iid", choices=PARTITIONS,
       help="data partition of every run: iid (disjoint shards, as ESync), shared (every worker "
       "draws from the whole set), class, dirichlet (default: iid)")
+    a("--dirichlet-alpha", type=_positive(float), default=0.5,
+      help="label skew of --partition dirichlet (default: 0.5; 0.1 is severe)")
     a("--straggle-prob", type=_fraction(allow_zero=True), default=0.0,
       help="random stragglers in every run: each step each worker sleeps --straggle-delay "
       "with this probability (default: 0)")
@@ -160,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="accuracy at which speedup over sync is shown and plotted (default: 0.8)")
     a("-l", "--lr", type=_positive(float), default=0.05,
       help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
+    a("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
+      help="every run's local rate over its budget: constant, or cosine to --lr-final x "
+      "its rate (default: cosine, as launch)")
+    a("--lr-final", type=_fraction(allow_zero=True), default=0.0,
+      help="--lr-schedule cosine: the final rate as a fraction of the start (default: 0)")
     a("--lr-sweep", type=_floats(0.0, what="learning rates"), default=None,
       help="rates to try per mode for --sweep-budget s each; the best is used")
     a("--sweep-budget", type=_positive(float), default=20.0,
@@ -231,7 +238,9 @@ def base_config(args, log_dir: Path) -> Config:
     slowdowns = args.slowdowns or tuple(float(2 ** i) for i in range(args.workers))
     time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
     return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
-                  partition=args.partition, batch_size=args.batch_size,
+                  partition=args.partition, dirichlet_alpha=args.dirichlet_alpha,
+                  lr_schedule=args.lr_schedule, lr_final=args.lr_final,
+                  batch_size=args.batch_size,
                   straggle_prob=args.straggle_prob, straggle_delay=args.straggle_delay,
                   inject=args.inject, bandwidth=args.bandwidth,
                   workers=args.workers, slowdowns=slowdowns,
@@ -408,7 +417,11 @@ def _setup(args, base: Config) -> dict:
               else f"{base.time_budget:g} s of training time")
     return {"workers": base.workers,
             "slowdowns": ",".join(f"{f:g}" for f in base.slowdowns),
-            "network": base.network, "dataset": base.dataset, "partition": base.partition,
+            "network": base.network, "dataset": base.dataset,
+            "partition": (f"dirichlet (alpha {base.dirichlet_alpha:g})"
+                          if base.partition == "dirichlet" else base.partition),
+            "lr schedule": ("constant" if base.lr_schedule == "constant" else
+                            f"{base.lr_schedule} to {base.lr_final:g} x"),
             "batch per worker": base.batch_size, "budget per run": budget,
             "evaluation every": f"{base.eval_interval:g} s", "collective": base.collective,
             "seed": (base.seed if args.repeats == 1 else

@@ -37,6 +37,7 @@ from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.rounds import RoundAccount
+from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
 
 
 @dataclass
@@ -327,6 +328,7 @@ class TrainingLoop:
             self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
                               else (epoch, 1))
             started, waited = timer.begin(), comm.clock.total()
+            self._schedule_lr(st, started)
             x, y = self.train_set.batch(idx)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             mode.optimizer.zero_grad(set_to_none=True)
@@ -376,6 +378,14 @@ class TrainingLoop:
         if self._checkpoint_due:  # a stop agreed mid-round (background, store)
             self._write_checkpoint(st)
         return st
+
+    def _schedule_lr(self, st: LoopState, now: float) -> None:
+        cfg = self.cfg
+        if cfg.lr_schedule == "constant":
+            return
+        progress = run_progress(st.train_time(now), st.samples_seen, time_budget=cfg.time_budget,
+                                epochs=cfg.epochs, train_size=self.train_size)
+        set_lr_factor(self.mode.optimizer, lr_factor(cfg.lr_schedule, progress, cfg.lr_final))
 
     def _record(self, round_: int, rnd: RoundAccount, st: LoopState, epoch: int) -> None:
         self._last_recorded = round_
