@@ -102,3 +102,116 @@ def test_the_page_of_a_launch_lists_every_worker_and_changes_as_it_goes_on(tmp_p
     assert int(after[0][2]) > int(before[0][2])  # rounds went on between the two looks
     assert int(after[0][7]) > int(before[0][7])  # and so did the samples
     assert proc.returncode == 0
+
+
+# ---------------------------------------------------------------- the state server's board
+from hetsync.telemetry.live import LiveBoard  # noqa: E402
+
+
+def _post(rank, rounds=3, run="exp", **extra):
+    figures = {"device": "cpu", "rounds": rounds, "samples": 64 * rounds, "local_steps": 2,
+               "compute_s": 0.3, "wait_s": 0.1, "eval_s": 0.0, "t_end": 0.5, "step_ms": 12.5}
+    return {"run": run, "rank": rank, "mode": "sync", "deferred": True, "worker": figures,
+            "loss": [[0.1 * rounds, 2.0]], "accuracy": [], **extra}
+
+
+def test_the_board_shows_what_each_worker_posted():
+    board = LiveBoard()
+    board.post(_post(1, rounds=4), workers=2, now=0.0)
+    board.post(_post(0, rounds=5), workers=2, now=0.1)
+    board.post(_post(0, rounds=6, accuracy=[[1.0, 0.7]]), workers=2, now=0.2)
+    data = board.snapshot()
+    assert (data["run"], data["mode"], data["deferred"]) == ("exp", "sync", True)
+    assert [(w["rank"], w["rounds"]) for w in data["workers"]] == [(0, 6), (1, 4)]
+    assert data["workers"][0]["compute_ratio"] == pytest.approx(0.6)
+    assert data["accuracy"] == [(1.0, 0.7)] and len(data["loss"]) == 3
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"rank": 2}, "'rank' must be an integer in 0..1"),
+    ({"rank": True}, "'rank'"),
+    ({"run": ""}, "'run'"),
+    ({"run": 7}, "'run'"),
+    ({"worker": [1]}, "'worker' must be an object"),
+    ({"worker": {"rounds": -1}}, "'worker.rounds'"),
+    ({"worker": {"rounds": 2.5}}, "'worker.rounds'"),
+    ({"worker": {"wait_s": float("nan")}}, "'worker.wait_s'"),
+    ({"worker": {"compute_s": 1e300}}, "'worker.compute_s'"),
+    ({"worker": {"device": "x" * 65}}, "'worker.device'"),
+    ({"loss": [[0.0, float("inf")]]}, "'loss'"),
+    ({"loss": [[0.0]]}, "'loss'"),
+    ({"accuracy": [[0, 0.5]] * 257}, "at most 256"),
+    ({"accuracy": "0.5"}, "'accuracy'"),
+    ({"deferred": "yes"}, "'deferred'"),
+    ({"mode": ["sync"]}, "'mode'"),
+])
+def test_the_board_refuses_a_malformed_post_and_keeps_what_it_had(change, needle):
+    board = LiveBoard()
+    board.post(_post(0), workers=2, now=0.0)
+    before = board.snapshot()
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        board.post({**_post(1), **change}, workers=2, now=0.1)
+    assert board.snapshot() == before
+
+
+def test_a_second_run_is_refused_while_the_first_posts_and_takes_the_board_after():
+    board = LiveBoard()
+    board.post(_post(0, run="first"), workers=2, now=0.0)
+    with pytest.raises(LiveBoard.RunConflict, match="'first'.*'second'"):
+        board.post(_post(0, run="second"), workers=2, now=LiveBoard.IDLE_S / 2)
+    board.post(_post(1, run="second"), workers=2, now=LiveBoard.IDLE_S + 1)
+    data = board.snapshot()
+    assert data["run"] == "second" and [w["rank"] for w in data["workers"]] == [1]
+
+
+def test_the_curves_are_bounded():
+    board = LiveBoard()
+    for k in range(20):
+        points = [[k * 256 + i, 0.5] for i in range(256)]
+        board.post(_post(0, loss=points, accuracy=points), workers=1, now=float(k))
+    data = board.snapshot()
+    assert len(data["loss"]) == len(data["accuracy"]) == 2000
+    assert data["loss"][-1][0] == 20 * 256 - 1
+
+
+@pytest.mark.slow
+def test_the_state_server_shows_a_sync_run_posted_by_its_workers(tmp_path):
+    """`--live-report`: a run's workers (here a 2-worker `sync` launch, which starts no state
+    server of its own) post to a state server, whose page lists both and whose figures grow;
+    the deferred evaluations' accuracy comes at the end."""
+    import sys
+
+    from hetsync.state import StateServer
+
+    server = StateServer(workers=2, port=0).start()
+    base = f"http://127.0.0.1:{server.port}/live/"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--workers", "2",
+             "--slowdowns", "1,2", "--time-budget", "10", "--eval-interval", "2",
+             "-ld", str(tmp_path), "--run-name", "shown", "--no-figures", "--quiet", "--no-live",
+             "--live-report", "1", "-port", str(server.port)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            data = json.loads(urllib.request.urlopen(base + "data", timeout=5).read())
+            if len(data["workers"]) == 2:
+                seen.append(data)
+            time.sleep(0.5)
+        out = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 0, out[-3000:]
+        final = json.loads(urllib.request.urlopen(base + "data", timeout=5).read())
+        rows = _cells(_render(base)) if CHROMIUM is not None else None
+    finally:
+        server.stop()
+    assert len(seen) >= 3, out[-2000:]
+    assert seen[0]["run"] == "shown" and seen[0]["mode"] == "sync"
+    assert seen[-1]["workers"][0]["rounds"] > seen[0]["workers"][0]["rounds"]
+    records = [(tmp_path / "shown" / f"worker-{r}.jsonl").read_text().count("\n")
+               for r in (0, 1)]
+    assert [w["rounds"] for w in final["workers"]] == records  # all of them, in the end
+    evaluations = (tmp_path / "shown" / "eval.jsonl").read_text().count("\n")
+    assert len(final["accuracy"]) == evaluations
+    if rows is not None:
+        assert [row[0] for row in rows] == ["0", "1"] and int(rows[0][2]) == records[0]

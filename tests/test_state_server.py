@@ -341,3 +341,47 @@ def test_an_esync_run_survives_a_killed_state_server_with_its_step_spread_restor
     # the fastest worker (4x the slowest) runs several local steps a round again, as before
     assert len(fast) >= 10 and sum(fast) / len(fast) >= 2.0, fast
     assert sum(spread) / len(spread) >= 2.0, spread
+
+
+def _figures(rank, rounds):
+    return {"run": "exp", "rank": rank, "mode": "sync", "deferred": False,
+            "worker": {"device": "cpu", "rounds": rounds, "samples": 64 * rounds,
+                       "local_steps": 1, "compute_s": 0.2, "wait_s": 0.1, "eval_s": 0.0,
+                       "t_end": 0.4, "step_ms": 3.0},
+            "loss": [[0.4, 1.5]], "accuracy": [[0.4, 0.6]] if rank == 0 else []}
+
+
+def test_the_live_page_shows_what_workers_post_and_refuses_the_malformed(server):
+    client = StateClient(server.host, server.port)
+    client.progress(_figures(1, 7))
+    client.progress(_figures(0, 9))
+    status, data = _raw(server, "GET", "/live/data")
+    data = json.loads(data)
+    assert status == 200 and data["run"] == "exp"
+    assert [(w["rank"], w["rounds"]) for w in data["workers"]] == [(0, 9), (1, 7)]
+    assert data["accuracy"] == [[0.4, 0.6]]
+    status, page = _raw(server, "GET", "/live/")
+    assert status == 200 and b'fetch("data"' in page
+    status, _ = _raw(server, "GET", "/live")
+    assert status == 307  # to /live/, where the page's relative "data" is /live/data
+    for bad, needle in (({**_figures(0, 1), "rank": 5}, "rank"),
+                        ({**_figures(0, 1), "loss": [[0, "x"]]}, "loss"),
+                        ({**_figures(0, 1), "run": "other"}, "still posting")):
+        with pytest.raises(StateServerError, match=needle):
+            client.progress(bad)
+    status, data = _raw(server, "GET", "/live/data")
+    assert [w["rounds"] for w in json.loads(data)["workers"]] == [9, 7]  # as it was
+    client.close()
+
+
+def test_the_live_page_needs_the_token_beyond_loopback():
+    s = StateServer(workers=2, host="0.0.0.0", port=0, token="s3cret").start()
+    try:
+        assert _raw(s, "GET", "/live/data")[0] == 401
+        with pytest.raises(StateServerError, match="token"):
+            StateClient("127.0.0.1", s.port, timeout=5, token="nope").progress(_figures(0, 1))
+        StateClient("127.0.0.1", s.port, timeout=5, token="s3cret").progress(_figures(0, 1))
+        status, data = _raw(s, "GET", "/live/data?token=s3cret")
+        assert status == 200 and json.loads(data)["workers"][0]["rounds"] == 1
+    finally:
+        s.stop()

@@ -1,15 +1,16 @@
 """torchrun across two machines, made on this one (root only; skipped with the reason
 elsewhere): two network namespaces joined by veth pairs to a bridge
-(`runtime.network.LimitedNetwork`), ESync's state server on the bridge's own address (a third
-machine), the README's `torchrun --nnodes 2` command on each host, each host's records in its
-own directory, gathered into one (`hetsync gather`) — and its summary beside a one-host
-`hetsync launch` of the same size."""
+(`runtime.network.LimitedNetwork`), the state server on the bridge's own address (a third
+machine: ESync's planner, and the live page every worker posts to), the README's `torchrun
+--nnodes 2` command on each host, each host's records in its own directory, gathered into one
+(`hetsync gather`) — and its summary beside a one-host `hetsync launch` of the same size."""
 
 import json
 import os
 import secrets
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -48,13 +49,14 @@ def _two_hosts(tmp_path, mode: str, workers: int):
     with LimitedNetwork(2, "10gbit") as net:
         env["GLOO_SOCKET_IFNAME"] = net.interface
         try:
-            if mode == "esync":  # on a third machine: the bridge's address
-                port = free_port()
-                server = subprocess.Popen(
-                    [sys.executable, "-m", "hetsync", "state-server", "--host",
-                     net.bridge_address, "--port", str(port), "--workers", str(workers)],
-                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                args += ["-ip", net.bridge_address, "-port", str(port)]
+            # on a third machine (the bridge's address): ESync's planner, and every mode's
+            # live page, which the workers post to (--live-report)
+            port = free_port()
+            server = subprocess.Popen(
+                [sys.executable, "-m", "hetsync", "state-server", "--host",
+                 net.bridge_address, "--port", str(port), "--workers", str(workers)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args += ["-ip", net.bridge_address, "-port", str(port), "--live-report", "1"]
             master_port = str(free_port())
             hosts = [subprocess.Popen(net.command(k, [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
@@ -64,18 +66,22 @@ def _two_hosts(tmp_path, mode: str, workers: int):
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for k in (0, 1)]
             outputs = [host.communicate(timeout=300)[0] for host in hosts]
+            request = urllib.request.Request(
+                f"http://{net.bridge_address}:{port}/live/data",
+                headers={"Authorization": f"Bearer {env['HETSYNC_TOKEN']}"})
+            live = json.loads(urllib.request.urlopen(request, timeout=10).read())
         finally:
             if server is not None:
                 server.terminate()
                 server.wait(timeout=10)
     for host, out in zip(hosts, outputs):
         assert host.returncode == 0, out[-3000:]
-    return [tmp_path / f"host{k}" / "exp" for k in (0, 1)]
+    return [tmp_path / f"host{k}" / "exp" for k in (0, 1)], live
 
 
 @pytest.mark.parametrize("mode,workers", [("esync", 4), ("sync", 4), ("async", 3)])
 def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mode, workers):
-    host0, host1 = _two_hosts(tmp_path, mode, workers)
+    (host0, host1), live = _two_hosts(tmp_path, mode, workers)
     # rank 0's machine's records alone: a warning naming the ranks whose records are on host 1
     alone = _hetsync("summarize", str(host0))
     assert alone.returncode == 0, alone.stderr
@@ -90,6 +96,11 @@ def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mod
     assert [w["rank"] for w in two["per_worker"]] == list(range(workers))
     assert {w["host"] for w in two["per_worker"]} == {
         json.loads((host0 / "run.json").read_text())["ranks"][0]["host"]}  # one machine
+    # the state server's live page: every worker of both hosts, all their rounds
+    assert (live["run"], live["mode"]) == ("exp", mode)
+    assert [(w["rank"], w["rounds"]) for w in live["workers"]] == [
+        (w["rank"], w["rounds"]) for w in two["per_worker"]]
+    assert live["accuracy"]  # rank 0's deferred evaluations, posted at the end
     if mode == "esync":  # the state server's records, from rank 0 (no launcher here)
         assert json.loads((gathered / "state-server.json").read_text())["requests"] > 0
     if mode == "async":  # the parameter server's, from its own rank on host 1

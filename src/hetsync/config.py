@@ -101,6 +101,10 @@ class Config:
                           "help": "ESync state server address"})
     state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
                             "help": "ESync state server port"})
+    live_report: bool = field(default=False, metadata={"flags": ("--live-report",),
+        "help": "post this worker's figures every second to the state server (-ip/-port), "
+                "whose live page at /live/ then shows every worker of the run, in any mode "
+                "(for runs across machines; launch serves its own) (0/1)"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),

@@ -154,6 +154,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
                     if cfg.checkpoint_every > 0 else None)
+    poster = None
     try:
         with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
@@ -178,6 +179,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                                         "train_time": own["loop"]["train_time"]}
             if rank == 0:
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
+            poster = _live_poster(cfg, run_dir, rank, name)
             state = loop.run(t0)
             if rank == 0 and mode.comm.state_client is not None:  # launch or torchrun alike
                 traffic = mode.comm.state_client.traffic()
@@ -193,7 +195,11 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                     **info, end_time=start_time + wall, wall_s=wall,
                     train_time=train_time,
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0))
+            if poster is not None:
+                poster.close()  # after the deferred evaluations: their accuracy goes too
     except BaseException:
+        if poster is not None:
+            poster.close(final=False)
         assembly.close(wait=False)  # a failed worker exits at once, not after its peers
         raise
     else:
@@ -202,6 +208,17 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         if eval_recorder is not None:
             eval_recorder.close()
     return run_dir
+
+
+def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
+    """`--live-report`: this worker's figures to the state server's live page."""
+    if not cfg.live_report:
+        return None
+    from hetsync.state import StateClient
+    from hetsync.telemetry.live import LivePoster
+
+    client = StateClient(cfg.state_ip, cfg.state_port, timeout=5.0, retry_s=1.0)
+    return LivePoster(run_dir, rank, client, run=name).start()
 
 
 #: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,

@@ -119,6 +119,10 @@ class StateClient:
                         None if time_left is None else float(time_left),
                         float(data.get("epsilon", 0.0)))
 
+    def progress(self, figures: dict) -> None:
+        """Post a worker's figures for the live page (`telemetry.live.LivePoster`)."""
+        self._request("POST", "/progress", figures)
+
     def status(self) -> dict:
         return self._request("GET", "/status")
 

@@ -12,6 +12,11 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
   another run than the server's is refused (409, naming both): two runs sharing one server
   would plan each other's rounds. A server that has no run yet (restarted) takes the first
   report's.
+- `POST /progress` `{"run", "rank", "worker": {figures}, "loss": [[t, v]...], "accuracy":
+  [[t, acc]...], "mode"?, "deferred"?}` → `{"ok": true}`: a worker's figures for the live page
+  (`--live-report`, any mode; `telemetry.live.LiveBoard` checks and bounds them);
+- `GET /live/` → the live page of every mode (`telemetry/live.py`'s, as `launch` serves it),
+  drawn from `GET /live/data`: for runs across machines;
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
   that refreshes itself; `GET /healthz` → `{"ok": true}` (no token needed: it says nothing).
 
@@ -45,12 +50,13 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.routing import Route
 from hetsync.config import MAX_WORKERS
 from hetsync.serving import ServerConfigError, Service, is_loopback
 from hetsync.state.client import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
+from hetsync.telemetry.live import PAGE, LiveBoard
 
 DEFAULT_PORT = 10010
 MAX_BODY = 16 * 1024          # bytes: a report is ~100
@@ -90,6 +96,7 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                clock=time.monotonic, token: str | None = None) -> Starlette:
     """The ASGI app; the tracker's times come from `clock` (the server's own)."""
     state = {"tracker": ReadinessTracker(workers, epsilon), "run": None, "requests": 0,
+             "board": LiveBoard(),
              "bytes_recv": 0, "bytes_sent": 0, "started": clock()}
     expected = None if token is None else token.encode()
 
@@ -151,6 +158,26 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                       "time_left": decision.time_left, "epsilon": decision.epsilon,
                       "reason": decision.reason})
 
+    async def progress(request: Request):
+        data = await body(request)
+        try:
+            state["board"].post(data, state["tracker"].workers, clock())
+        except LiveBoard.RunConflict as err:
+            return reply({"error": str(err)}, 409)
+        except ValueError as err:
+            raise BadRequest(str(err)) from None
+        return reply({"ok": True})
+
+    async def live_redirect(request: Request):
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"/live/{query}", 307)
+
+    async def live_page(request: Request):
+        return HTMLResponse(PAGE)
+
+    async def live_data(request: Request):
+        return reply(state["board"].snapshot())
+
     async def healthz(request: Request):
         return reply({"ok": True})
 
@@ -201,6 +228,10 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
 
     app = Starlette(routes=[Route("/init", init, methods=["POST"]),
                             Route("/report", report, methods=["POST"]),
+                            Route("/progress", progress, methods=["POST"]),
+                            Route("/live", live_redirect, methods=["GET"]),
+                            Route("/live/", live_page, methods=["GET"]),
+                            Route("/live/data", live_data, methods=["GET"]),
                             Route("/healthz", healthz, methods=["GET"]),
                             Route("/status", status, methods=["GET"]),
                             Route("/", page, methods=["GET"])],

@@ -1,6 +1,9 @@
 """A live page of a run, for every mode: what each worker is doing, and the curves so far.
 
-`launch` serves it on loopback while the run goes on (`LivePage`, on `hetsync.serving`):
+`launch` serves it on loopback while the run goes on (`LivePage`, on `hetsync.serving`), from
+the run directory (`RunWatcher`). Across machines no directory holds every worker's records:
+workers started with `--live-report` post their own (`LivePoster`, reading the worker's own
+records) to the state server, which serves the same page at `/live/` (`LiveBoard`).
 
 - `GET /data` → JSON read from the run directory as it grows (only the new lines of each
   record file are read per request): per worker its device, rounds, local steps of its last
@@ -14,6 +17,10 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
+import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -48,60 +55,88 @@ class _Tail:
         return out
 
 
-class RunWatcher:
-    """A run directory's figures so far, kept up to date from its record files."""
+def new_worker(rank: int) -> dict[str, Any]:
+    """A worker's figures before its first record."""
+    return {"rank": rank, "device": "?", "rounds": 0, "samples": 0, "compute_s": 0.0,
+            "wait_s": 0.0, "eval_s": 0.0, "t_end": 0.0, "local_steps": 0, "step_ms": None}
 
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
+
+def accumulate(w: dict[str, Any], record: dict[str, Any]) -> None:
+    """Add one round's record (`worker-N.jsonl`) to worker figures `w`."""
+    w["device"] = record.get("device", w["device"])
+    w["rounds"] += 1
+    w["samples"] += record.get("samples", 0)
+    for key in ("compute_s", "wait_s", "eval_s"):
+        w[key] += record.get(key) or 0.0
+    w["t_end"] = record.get("t_end", w["t_end"])
+    w["local_steps"] = record.get("local_steps", 0)
+    if w["local_steps"]:
+        w["step_ms"] = 1000 * (record.get("compute_s") or 0.0) / w["local_steps"]
+
+
+def page_data(run: str, mode: str | None, deferred: bool, workers: dict[int, dict],
+              accuracy: list, loss: list) -> dict[str, Any]:
+    """What `/data` answers (the page draws it): each worker's figures with its computing
+    time ratio (compute ÷ time not spent evaluating), and the curves so far."""
+    shown = []
+    for rank in sorted(workers):
+        w = dict(workers[rank])
+        busy = w["t_end"] - w.pop("eval_s")
+        w["compute_ratio"] = w["compute_s"] / busy if busy > 0 else None
+        shown.append(w)
+    return {"run": run, "mode": mode, "deferred": deferred, "workers": shown,
+            "accuracy": list(accuracy)[-MAX_POINTS:], "loss": list(loss)[-MAX_POINTS:]}
+
+
+#: points of each curve a page shows (the latest)
+MAX_POINTS = 2000
+
+
+class RunWatcher:
+    """A run directory's figures so far, kept up to date from its record files (`ranks`:
+    only these workers' records, e.g. a worker's own for `LivePoster`)."""
+
+    def __init__(self, run_dir: str | Path, ranks: set[int] | None = None):
+        self.run_dir, self.ranks = Path(run_dir), ranks
         self._tails: dict[int, _Tail] = {}
-        self._workers: dict[int, dict[str, Any]] = {}
+        self.workers: dict[int, dict[str, Any]] = {}
         self._evals = _Tail(self.run_dir / "eval.jsonl")
         self.accuracy: list[tuple[float, float]] = []
         self.loss: list[tuple[float, float]] = []
 
-    def _update(self) -> None:
+    def update(self) -> None:
+        """Read what was appended since the last call."""
         for path in self.run_dir.glob("worker-*.jsonl"):
             rank = int(path.stem.split("-")[1])
+            if self.ranks is not None and rank not in self.ranks:
+                continue
             tail = self._tails.setdefault(rank, _Tail(path))
-            w = self._workers.setdefault(rank, {"rank": rank, "device": "?", "rounds": 0,
-                                                "samples": 0, "compute_s": 0.0, "wait_s": 0.0,
-                                                "eval_s": 0.0, "t_end": 0.0,
-                                                "local_steps": 0, "step_ms": None})
+            w = self.workers.setdefault(rank, new_worker(rank))
             for r in tail.new():
-                w["device"] = r.get("device", w["device"])
-                w["rounds"] += 1
-                w["samples"] += r.get("samples", 0)
-                for key in ("compute_s", "wait_s", "eval_s"):
-                    w[key] += r.get(key) or 0.0
-                w["t_end"] = r.get("t_end", w["t_end"])
-                w["local_steps"] = r.get("local_steps", 0)
-                if w["local_steps"]:
-                    w["step_ms"] = 1000 * (r.get("compute_s") or 0.0) / w["local_steps"]
+                accumulate(w, r)
                 if rank == 0 and r.get("loss") is not None:
                     self.loss.append((r["t_end"], r["loss"]))
-        for e in self._evals.new():
-            if e.get("test_acc") is not None:
-                self.accuracy.append((e.get("train_time") or 0.0, e["test_acc"]))
+        if self.ranks is None or 0 in self.ranks:
+            for e in self._evals.new():
+                if e.get("test_acc") is not None:
+                    self.accuracy.append((e.get("train_time") or 0.0, e["test_acc"]))
 
-    def snapshot(self) -> dict[str, Any]:
-        self._update()
+    def run_info(self) -> dict[str, Any]:
+        """The run's name, mode and whether its evaluation is deferred (from `run.json`)."""
         run = {}
         if (self.run_dir / "run.json").exists():
             try:
                 run = json.loads((self.run_dir / "run.json").read_text())
             except ValueError:  # being replaced this instant
                 run = {}
-        workers = []
-        for rank in sorted(self._workers):
-            w = dict(self._workers[rank])
-            busy = w["t_end"] - w.pop("eval_s")
-            w["compute_ratio"] = w["compute_s"] / busy if busy > 0 else None
-            workers.append(w)
         config = run.get("config") or {}
         return {"run": run.get("run_name", self.run_dir.name), "mode": run.get("mode"),
-                "deferred": bool(config.get("deferred_eval")) and not config.get("target_acc"),
-                "workers": workers, "accuracy": self.accuracy[-2000:],
-                "loss": self.loss[-2000:]}
+                "deferred": bool(config.get("deferred_eval")) and not config.get("target_acc")}
+
+    def snapshot(self) -> dict[str, Any]:
+        self.update()
+        return page_data(**self.run_info(), workers=self.workers, accuracy=self.accuracy,
+                         loss=self.loss)
 
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>hetsync live</title>
@@ -148,6 +183,168 @@ async function refresh() {
 }
 refresh(); setInterval(refresh, 1000);
 </script></body></html>"""
+
+
+class LiveBoard:
+    """The page's figures as workers post them (the state server's `POST /progress`), for a
+    run across machines, where no one directory holds every worker's records.
+
+    A post (`LivePoster`'s) carries the run's name, the worker's figures and its new curve
+    points. Every field is checked (`ValueError`, one line) and the board is bounded: at most
+    `workers` ranks and `MAX_POINTS` points per curve. A post of another run while the
+    board's run is still posting is refused (`RunConflict`); after `IDLE_S` of silence the
+    new run takes the board."""
+
+    IDLE_S = 10.0
+    NUMBERS = {"rounds": int, "samples": int, "local_steps": int, "compute_s": float,
+               "wait_s": float, "eval_s": float, "t_end": float, "step_ms": float}
+    MAX_NUMBER = 2.0 ** 50
+    MAX_POST_POINTS = 256
+
+    class RunConflict(ValueError):
+        pass
+
+    def __init__(self):
+        self.run: str | None = None
+        self.mode: str | None = None
+        self.deferred = False
+        self.workers: dict[int, dict[str, Any]] = {}
+        self.accuracy: deque = deque(maxlen=MAX_POINTS)
+        self.loss: deque = deque(maxlen=MAX_POINTS)
+        self.last_post = -math.inf
+
+    def post(self, body: dict, workers: int, now: float) -> None:
+        run, rank = body.get("run"), body.get("rank")
+        if not (isinstance(run, str) and 0 < len(run) <= 128):
+            raise ValueError("field 'run' must be the run's name (1 to 128 characters)")
+        if not (type(rank) is int and 0 <= rank < workers):
+            raise ValueError(f"field 'rank' must be an integer in 0..{workers - 1}, got "
+                             f"{str(rank)[:40]}")
+        figures = _checked_figures(body.get("worker"), rank, self.NUMBERS, self.MAX_NUMBER)
+        points = {name: _checked_points(body.get(name, []), name, self.MAX_POST_POINTS)
+                  for name in ("loss", "accuracy")}
+        mode, deferred = body.get("mode"), body.get("deferred", False)
+        if mode is not None and not (isinstance(mode, str) and len(mode) <= 64):
+            raise ValueError("field 'mode' must be a mode's name")
+        if not isinstance(deferred, bool):
+            raise ValueError("field 'deferred' must be true or false")
+        if run != self.run:
+            if now - self.last_post < self.IDLE_S:
+                raise self.RunConflict(
+                    f"this state server's live page shows run {self.run!r}, which is still "
+                    f"posting, not run {run!r}: give every run its own state server")
+            self.__init__()
+            self.run = run
+        self.last_post = now
+        self.workers[rank] = figures
+        if rank == 0:
+            self.mode, self.deferred = mode, deferred
+        self.loss.extend(points["loss"])
+        self.accuracy.extend(points["accuracy"])
+
+    def snapshot(self) -> dict[str, Any]:
+        return page_data(self.run or "(no run has posted yet)", self.mode, self.deferred,
+                         self.workers, self.accuracy, self.loss)
+
+
+def _checked_figures(figures: Any, rank: int, numbers: dict, bound: float) -> dict[str, Any]:
+    if not isinstance(figures, dict):
+        raise ValueError("field 'worker' must be an object of the worker's figures")
+    out = new_worker(rank)
+    device = figures.get("device", "?")
+    if not (isinstance(device, str) and len(device) <= 64):
+        raise ValueError("field 'worker.device' must be a string of at most 64 characters")
+    out["device"] = device
+    for name, kind in numbers.items():
+        value = figures.get(name, out[name])
+        if value is None and name == "step_ms":
+            continue
+        ok = (type(value) is int if kind is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not (ok and math.isfinite(value) and 0 <= value <= bound):
+            raise ValueError(f"field 'worker.{name}' must be a finite number in [0, "
+                             f"{bound:g}], got {str(value)[:40]}")
+        out[name] = value
+    return out
+
+
+def _checked_points(points: Any, name: str, most: int) -> list[tuple[float, float]]:
+    if not isinstance(points, list) or len(points) > most:
+        raise ValueError(f"field {name!r} must be a list of at most {most} [time, value] pairs")
+    out = []
+    for p in points:
+        if not (isinstance(p, list) and len(p) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                        and math.isfinite(v) and abs(v) <= 1e12 for v in p)):
+            raise ValueError(f"field {name!r}: each point must be [time, value] of finite "
+                             f"numbers, got {str(p)[:40]}")
+        out.append((float(p[0]), float(p[1])))
+    return out
+
+
+class LivePoster:
+    """Posts this worker's figures to the state server's live page (`--live-report`) every
+    `interval` seconds, from a daemon thread that reads the worker's own records as they are
+    written: training never waits for it. A server that does not answer costs a warning
+    (once) and the figures of that post, not the run."""
+
+    POINTS_PER_POST = 128
+
+    def __init__(self, run_dir: str | Path, rank: int, client, run: str, interval: float = 1.0,
+                 stream=sys.stderr):
+        self.watcher = RunWatcher(run_dir, ranks={rank})
+        self.rank, self.client, self.run, self.interval = rank, client, run, interval
+        self.stream = stream
+        self._sent = {"loss": 0, "accuracy": 0}
+        self._stop = threading.Event()
+        self._warned = False
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"hetsync-live-{rank}")
+
+    def start(self) -> "LivePoster":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.post()
+
+    def post(self) -> bool:
+        """One post of the figures and of up to POINTS_PER_POST new points of each curve;
+        whether points are left for the next."""
+        from hetsync.state.client import StateServerError
+
+        self.watcher.update()
+        info = self.watcher.run_info()
+        body = {"run": self.run, "rank": self.rank, "mode": info["mode"],
+                "deferred": info["deferred"],
+                "worker": dict(self.watcher.workers.get(self.rank, new_worker(self.rank)))}
+        # every accuracy point, in chunks; the loss thinned when it comes faster than posts
+        loss = self.watcher.loss[self._sent["loss"]:]
+        loss = loss[::math.ceil(len(loss) / self.POINTS_PER_POST)] if loss else []
+        accuracy = self.watcher.accuracy[self._sent["accuracy"]:][:self.POINTS_PER_POST]
+        body["loss"] = [[round(t, 3), round(v, 5)] for t, v in loss]
+        body["accuracy"] = [[round(t, 3), round(v, 5)] for t, v in accuracy]
+        sent = {"loss": len(self.watcher.loss),
+                "accuracy": self._sent["accuracy"] + len(accuracy)}
+        try:
+            self.client.progress(body)
+        except StateServerError as err:
+            if not self._warned:
+                print(f"rank {self.rank}: live figures not posted ({err}); training goes on",
+                      file=self.stream, flush=True)
+                self._warned = True
+            return False
+        self._sent = sent
+        return sent["accuracy"] < len(self.watcher.accuracy)
+
+    def close(self, final: bool = True) -> None:
+        """Stop; `final`: post what is left first (e.g. the deferred evaluations' accuracy)."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        while final and self.post():
+            pass
+        self.client.close()
 
 
 def live_app(run_dir: str | Path) -> Starlette:
