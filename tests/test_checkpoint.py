@@ -104,14 +104,19 @@ def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
     return None
 
 
+def _rounds(run_dir: Path, rank: int) -> list[int]:
+    lines = (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line)["round"] for line in lines if line.endswith("}")]
+
+
 def _evals(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
 
 
-FAMILIES = {  # mode, extra flags: a collective mode, ESync (state server), a parameter server
-    "sync": ["-m", "sync"],
-    "esync": ["-m", "esync"],
-    "async": ["-m", "async"],
+FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), a parameter server
+    "sync": ["-m", "sync", "--workers", "2", "--slowdowns", "1,2"],
+    "esync": ["-m", "esync", "--workers", "3", "--slowdowns", "1,2,2"],
+    "async": ["-m", "async", "--workers", "2", "--slowdowns", "1,2"],
 }
 
 
@@ -119,10 +124,9 @@ FAMILIES = {  # mode, extra flags: a collective mode, ESync (state server), a pa
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path, family):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "hetsync", "launch", *FAMILIES[family], "--workers", "2",
-           "--slowdowns", "1,2", "--time-budget", "8", "--eval-interval", "0.5",
-           "--checkpoint-every", "2", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
-           "--no-figures", "--timeout", "30"]
+    cmd = [sys.executable, "-m", "hetsync", "launch", *FAMILIES[family], "--time-budget", "8",
+           "--eval-interval", "0.5", "--checkpoint-every", "2", "-ld", str(tmp_path),
+           "--run-name", "run", "--quiet", "--no-figures", "--timeout", "30"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # kill rank 1 at a random moment once both workers wrote a checkpoint
     deadline = time.monotonic() + 120
@@ -134,12 +138,21 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert pid is not None, "rank 1 is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    if family == "async":  # each worker talks only to the parameter server: it goes on
+    if family != "sync":  # async: each worker talks only to the parameter server; esync:
+        # the others regroup without it (runtime/membership.py): both go on
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
-        assert "rank-1 exited with code -9; async goes on without it" in out
-        ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
-        assert ps[-1]["lost"] == [1], (ps, out)
+        assert f"rank-1 exited with code -9; {family} goes on without it" in out
+        if family == "async":
+            ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
+            assert ps[-1]["lost"] == [1], (ps, out)
+        else:
+            assert json.loads((run / "run.json").read_text())["lost_workers"] == [1], out
+            # the survivors, ranks 0 and 2, went on together after rank 1 was lost: they
+            # recorded the same rounds to the end, well past its last one
+            lost_at = max(_rounds(run, 1), default=0)
+            ends = [_rounds(run, rank)[-5:] for rank in (0, 2)]
+            assert ends[0] == ends[1] and ends[0][0] > lost_at + 2, (ends, lost_at, out)
         evals = _evals(run)
         assert evals[-1]["train_time"] >= 8.0 and evals[-1]["test_acc"] >= 0.70, (evals, out)
         return

@@ -53,6 +53,16 @@ def test_slowest_stops_after_one_step_and_fast_ones_fill_its_step():
     assert t.report(0, round=3, steps=1, step_time=0.010, now=2.010).steps_left == 6
 
 
+def test_a_lost_worker_is_never_the_slowest_and_its_reports_are_refused():
+    t = ReadinessTracker(workers=3, epsilon=0.0, lost=frozenset({2}))
+    _warm(t, [0.010, 0.020])
+    assert t.report(0, round=2, steps=1, step_time=0.010, now=1.01).steps_left == 1
+    with pytest.raises(ValueError, match="rank 2 was lost"):
+        t.report(2, round=2, steps=1, step_time=0.08, now=1.08)
+    with pytest.raises(ValueError, match="some, not all"):
+        ReadinessTracker(workers=2, lost=frozenset({0, 1}))
+
+
 def test_anyone_asking_after_the_slowest_stopped_stops_at_once():
     t = ReadinessTracker(workers=2, epsilon=0.0)
     _warm(t, [0.010, 0.080])

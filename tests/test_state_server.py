@@ -49,6 +49,20 @@ def test_a_restarted_state_server_takes_the_run_of_the_first_report(server):
     other.close()
 
 
+def test_a_run_that_lost_a_worker_is_planned_without_it(server):
+    c = StateClient(server.host, server.port)
+    c.init(workers=2, epsilon=0.0, run="run-a")
+    c.report(0, 1, 1, 0.01), c.report(1, 1, 1, 0.08)
+    assert c.report(0, 2, 1, 0.01).steps_left == 7  # the slow rank 1 sets the round
+    c.init(workers=2, epsilon=0.0, run="run-a/1", lost=[1])  # the survivors go on
+    c.report(0, 3, 1, 0.01)  # (a warm-up round: nobody to wait for)
+    assert c.report(0, 4, 1, 0.01).ready  # rank 0 alone is the slowest now
+    with pytest.raises(StateServerError, match="rank 1 was lost"):
+        c.report(1, 4, 1, 0.08)
+    assert json.loads(_raw(server, "GET", "/status")[1])["lost"] == [1]
+    c.close()
+
+
 def test_binds_to_loopback_by_default(server):
     assert server.host == "127.0.0.1"
 
@@ -147,6 +161,10 @@ BAD_REQUESTS = [
     ("POST", "/init", json.dumps({"workers": 2, "epsilon": 5}).encode(), "epsilon"),
     ("POST", "/init", json.dumps({"workers": 2, "epsilon": "auto"}).encode(), "epsilon"),
     ("POST", "/init", json.dumps({}).encode(), "workers"),
+    ("POST", "/init", json.dumps({"workers": 2, "lost": [0, 1]}).encode(), "lost"),
+    ("POST", "/init", json.dumps({"workers": 2, "lost": [2]}).encode(), "lost"),
+    ("POST", "/init", json.dumps({"workers": 2, "lost": "1"}).encode(), "lost"),
+    ("POST", "/init", json.dumps({"workers": 2, "lost": [True]}).encode(), "lost"),
     ("PUT", "/report", _report(), "PUT"),
     ("DELETE", "/init", b"", "DELETE"),
     ("POST", "/status", b"{}", "POST"),

@@ -186,6 +186,14 @@ class Config:
         return self.spec.needs_parameter_server(self.collective)
 
     @property
+    def regroups(self) -> bool:
+        """Whether the workers regroup and go on when one is lost (`runtime/membership.py`):
+        the mode can, its sums do not go through a parameter server (which waits for every
+        worker), and no evaluation pauses them all in a collective."""
+        return (not self.needs_ps and self.deferred_eval and self.target_acc is None
+                and self.spec.worker.goes_on_without_a_worker(self.mode_options()))
+
+    @property
     def world_size(self) -> int:
         return self.workers + (1 if self.needs_ps else 0)
 
@@ -243,10 +251,6 @@ class Config:
             raise bad("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
         if not 0 <= self.lr_final <= 1:
             raise bad("lr_final", "a fraction of -l in [0, 1]")
-        if (self.lr_schedule != "constant" and self.time_budget is None
-                and self.epochs is None):
-            raise bad("lr_schedule", "constant without --time-budget or --epochs (a schedule "
-                                     "decays over the run's length)")
         if not 0 < self.dirichlet_alpha < math.inf:
             raise bad("dirichlet_alpha", "a finite number > 0")
         if self.eval_every < 0:
@@ -312,6 +316,10 @@ class Config:
             raise bad("gpu", "-1 (CPU) or a GPU index >= 0")
         if self.time_budget is None and self.target_acc is None and self.epochs is None:
             raise ConfigError("no stopping rule: give --epochs, --time-budget or --target-acc")
+        if (self.lr_schedule != "constant" and self.time_budget is None
+                and self.epochs is None):
+            raise bad("lr_schedule", "constant without --time-budget or --epochs (a schedule "
+                                     "decays over the run's length)")
         return self
 
     def validate_data(self, split) -> list:

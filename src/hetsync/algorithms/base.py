@@ -160,6 +160,36 @@ class CommContext:
             return done
         return self.channel.submit(lambda group: self.reduce(buffer, group), what)
 
+    def members(self) -> list[int]:
+        """The global ranks of the workers taking part (all of them, until one is lost)."""
+        if self.group is None:
+            return list(range(self.workers)) if self.workers > 1 else [self.rank]
+        return [dist.get_global_rank(self.group, r) for r in range(self.workers)]
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` as the group's first worker (rank 0) holds it, on every worker."""
+        if self.workers == 1:
+            return tensor
+        on_wire = tensor.to(self.wire_device)
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast(on_wire, src=src, group=self.group)
+        return on_wire.to(tensor.device)
+
+    def regroup(self, members: list[int], group: dist.ProcessGroup | None,
+                channel_group: dist.ProcessGroup | None) -> None:
+        """Go on with `members` alone (global ranks; this worker keeps its rank) on their new
+        groups (`runtime/membership.py`): the broken channel is left to its thread, which
+        ends with its job's timeout, and a new one runs on `channel_group`."""
+        from hetsync.comm.channel import Channel
+
+        old, self.channel = self.channel, None
+        self.group, self.workers = group, len(members)
+        if len(members) > 1:
+            self.channel = Channel(channel_group, timeout=self.timeout)
+            self.channel.alarm = old.alarm if old is not None else None
+        if old is not None:
+            old.close(wait=False)
+
     def reduce(self, buffer: torch.Tensor, group) -> torch.Tensor:
         """Sum `buffer` over `group` with the chosen collective, staged through `comm_device`
         (CPU tensors under gloo for a CUDA model)."""
@@ -260,6 +290,17 @@ class Mode:
         action = self.decide(Step(now, now))
         self.apply(action)
         return action
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options: Any) -> bool:
+        """Whether the other workers can go on after one is lost (regrouping, then
+        `rejoin`); the parameter-server modes go on by the server's rule instead."""
+        return False
+
+    def rejoin(self) -> None:
+        """After a regroup (`runtime/membership.py`), on the new `comm.group`: drop what was
+        in flight and take rank 0's global state, so that every survivor holds the same."""
+        raise NotImplementedError(f"{self.name} does not go on without a lost worker")
 
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
                                      pack, unflatten_into, with_count)
@@ -148,6 +147,7 @@ class ESync(Mode):
         (before the broadcast, so before any worker reports); every worker names the run in
         its reports, and starts from rank 0's model."""
         run = self._run_id()
+        self._all_workers = self.comm.workers  # the run's, however many go on
         if self.comm.rank == 0:
             self.comm.state_client.init(self.comm.workers, self.options.epsilon, run=run)
         self.comm.state_client.run = run
@@ -159,13 +159,43 @@ class ESync(Mode):
     def _run_id(self) -> str:
         """Rank 0's random id of this run, known to every worker (not from torch's generator:
         the run's seeded streams stay as they were)."""
-        ident = torch.tensor([secrets.randbits(62) if self.comm.rank == 0 else 0])
-        if self.comm.workers > 1:
-            on_wire = ident.to(self.comm.wire_device)
-            src = 0 if self.comm.group is None else dist.get_global_rank(self.comm.group, 0)
-            dist.broadcast(on_wire, src=src, group=self.comm.group)
-            ident = on_wire.cpu()
+        ident = self.comm.broadcast(torch.tensor([secrets.randbits(62)
+                                                  if self.comm.rank == 0 else 0]))
         return f"{int(ident):016x}"
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options: ESyncOptions) -> bool:
+        # In the background the main thread waits only on its channel, which can be told
+        # to give up; as published (blocking) it sits in gloo until the timeout.
+        return bool(options.overlap)
+
+    def rejoin(self) -> None:
+        """After a regroup: the sum in flight is dropped, with the local steps since the
+        last one applied; rank 0's global weights, BatchNorm statistics, outer momentum and
+        round become everyone's (one broadcast), and each worker starts its next round from
+        them; rank 0 starts the state server's run afresh without the lost ranks."""
+        self._pending = self._sent = self._plan = self._answer = self._deadline = None
+        self.local_steps = 0
+        client = self.comm.state_client
+        client.close()  # an answer of the old run may be unread on its connection
+        lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
+        client.run = f"{client.run.split('/')[0]}/{len(lost)}" if client.run else None
+        if self.comm.rank == 0:
+            client.init(self._all_workers, self.options.epsilon, run=client.run, lost=lost)
+        stats = self._global_stats if self._global_stats is not None else torch.zeros(0)
+        buffer = self.outer.buffer if self.outer.buffer is not None else torch.zeros(0)
+        sizes = [self._global.numel(), stats.numel(), buffer.numel()]
+        sizes = self.comm.broadcast(torch.tensor(sizes + [self.round], dtype=torch.float64))
+        state = self.comm.broadcast(
+            torch.cat([self._global, stats.to(self._global), buffer.to(self._global)])
+            if self.comm.rank == 0 else self._global.new_zeros(int(sum(sizes[:3]))))
+        weights, stats, buffer = state.split([int(n) for n in sizes[:3]])
+        self._global = weights.clone()
+        self._global_stats = stats.clone() if stats.numel() else None
+        self.outer.buffer = buffer.clone() if buffer.numel() else None
+        self.round = int(sizes[3])
+        self._load(self._global, self._global_stats)
+        self.optimizer.state.clear()  # local momentum belongs to the dropped steps
 
     def join(self) -> None:
         """No data left (hetsync.wrap): from now on report a negligible step time, so the

@@ -49,11 +49,21 @@ def local_group(ranks: list[int]) -> dist.ProcessGroup:
     return _LOCAL_GROUPS[key]
 
 
+class PeerLost(CommError):
+    """A wait on the channel given up because a peer raised the alarm: a worker was lost
+    (`hetsync.runtime.membership`)."""
+
+
 class ChannelFuture:
     """The result of one channel job, with a deadline."""
 
-    def __init__(self, what: str, deadline: float, timeout: float):
+    #: seconds between looks at the alarm while waiting
+    ALARM_EVERY = 0.5
+
+    def __init__(self, what: str, deadline: float, timeout: float,
+                 alarm: Callable[[], bool] | None = None):
         self.what, self.deadline, self.timeout = what, deadline, timeout
+        self.alarm = alarm
         self._future: Future = Future()
 
     def done(self) -> bool:
@@ -61,17 +71,24 @@ class ChannelFuture:
 
     def result(self, within: float | None = None) -> Any:
         """The job's value; its exception if it failed; CommTimeoutError past the deadline
-        (or `within` seconds from now, whichever comes first)."""
-        left = self.deadline - time.monotonic()
-        if within is not None:
-            left = min(left, within)
-        try:
-            return self._future.result(timeout=max(left, 0.0))
-        except TimeoutError:
-            raise CommTimeoutError(
-                f"{self.what}: not done in time ({self.timeout:g} s per job on the "
-                f"background channel; a peer dead or silent?)", op=self.what,
-                seconds=self.timeout) from None
+        (or `within` seconds from now, whichever comes first); PeerLost as soon as the
+        channel's alarm goes off while waiting."""
+        end = self.deadline if within is None else min(self.deadline, time.monotonic() + within)
+        while True:
+            left = end - time.monotonic()
+            try:
+                return self._future.result(timeout=max(min(left, self.ALARM_EVERY), 0.0)
+                                           if self.alarm is not None else max(left, 0.0))
+            except TimeoutError:
+                if self.alarm is not None and left > self.ALARM_EVERY:
+                    if self.alarm():
+                        raise PeerLost(f"{self.what}: given up, a peer was lost",
+                                       op=self.what) from None
+                    continue
+                raise CommTimeoutError(
+                    f"{self.what}: not done in time ({self.timeout:g} s per job on the "
+                    f"background channel; a peer dead or silent?)", op=self.what,
+                    seconds=self.timeout) from None
 
 
 class Channel:
@@ -87,6 +104,8 @@ class Channel:
                  name: str = "hetsync-channel"):
         self.group = group
         self.timeout = resolve_timeout(timeout)
+        #: a check that a peer was lost, for the waits on this channel's jobs (None: none)
+        self.alarm: Callable[[], bool] | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._queued = 0
         self._lock = threading.Lock()
@@ -119,7 +138,7 @@ class Channel:
             self._queued += 1
             ahead = self._queued
         deadline = float("inf") if long_running else time.monotonic() + ahead * self.timeout
-        job = ChannelFuture(what, deadline, self.timeout)
+        job = ChannelFuture(what, deadline, self.timeout, self.alarm)
         self._jobs.put((fn, job))
         return job
 

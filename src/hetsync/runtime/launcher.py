@@ -178,12 +178,14 @@ class Cluster:
         return all(p.poll() == 0 for name, p in self.ranks().items() if name not in self.lost)
 
     def lose(self, name: str) -> bool:
-        """Go on without the worker `name` that died, where the mode can: an asynchronous
+        """Go on without the worker `name` that died, where the mode can — an asynchronous
         mode (each worker talks only to the parameter server, agreement through the store),
-        any worker but rank 0, which evaluates and decides when to stop. Whether it can."""
+        or one whose workers regroup (`Config.regroups`: ESync in the background) — and it
+        is any worker but rank 0, which hosts the store, evaluates and decides when to stop.
+        Whether it can."""
         rank = name.removeprefix("rank-")
-        if not (self.cfg.needs_ps and self.cfg.spec.asynchronous
-                and rank.isdigit() and int(rank) != 0):
+        goes_on = (self.cfg.needs_ps and self.cfg.spec.asynchronous) or self.cfg.regroups
+        if not (goes_on and rank.isdigit() and int(rank) != 0):
             return False
         records = self.run_dir / f"worker-{rank}.jsonl"
         if not (records.exists() and records.stat().st_size > 0):

@@ -16,6 +16,10 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
    pauses for it), stop; at every `--checkpoint-every`-th evaluation and at the stop, each
    worker writes its checkpoint after the round's record (`checkpoint.py`).
 
+Steps 3-6 fail with a CommError when a peer is lost; where the run can go on without it
+(`Config.regroups`), the survivors regroup (`membership.py`), take rank 0's global state
+(`mode.rejoin`) and go on from the next step; elsewhere the error ends the worker.
+
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
 state-server queries and time blocked on a sum still in flight; comm = the transfers on the
@@ -27,12 +31,14 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
 from hetsync.algorithms.base import ControlPath, Mode, Step
+from hetsync.comm.errors import CommError
 from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
@@ -87,8 +93,10 @@ class TrainingLoop:
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
                  device: torch.device, recorder, eval_recorder=None, store=None,
-                 progress=None, checkpointer=None):
+                 progress=None, checkpointer=None, membership=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
+        #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
+        self.membership = membership
         self.batches, self.train_set, self.test_set = batches, train_set, test_set
         self.device = device
         self.recorder, self.eval_recorder = recorder, eval_recorder
@@ -348,36 +356,68 @@ class TrainingLoop:
                     f"rank {self.rank}: training loss is {loss_value} at round {mode.round}; "
                     f"lower the learning rate (-l/-ll, now {mode.lr})")
             rnd.loss_sum += loss_value
-
-            mode.poll()
-            action = mode.decide(Step(started, ended, epoch))
-            agreement = None
-            if action.ends_round:
-                stop, agreement = self._before_apply(st, rnd)
-                if stop:
-                    break
-            finished_round = mode.round
-            applying, waited = time.perf_counter(), comm.clock.total()
-            mode.apply(action)
-            rnd.compute += (time.perf_counter() - applying) - (comm.clock.total() - waited)
-            if not action.ends_round:
-                if self._background_agreement(st, wait=False):
-                    break
-                continue
-
-            # ---- the round ends: the agreement's other half, the record, acting on it
-            agreement = self._after_apply(st, rnd, agreement)
-            stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
-            self._record(finished_round, rnd, st, epoch)
-            rnd = RoundAccount(st.eval_total)
-            if self._checkpoint_due:  # its time: the next round's eval_s, not training
-                self._write_checkpoint(st)
+            try:
+                stop, rnd = self._communicate(st, rnd, Step(started, ended, epoch))
+            except CommError as err:
+                self._regroup(st, err)  # (or raises)
+                stop, rnd = False, RoundAccount(st.eval_total)
             if stop:
                 break
-        mode.finish()
+        try:
+            mode.finish()
+        except CommError as err:  # lost in the last round's sum: that round is dropped
+            self._regroup(st, err)
+            mode.finish()
         if self._checkpoint_due:  # a stop agreed mid-round (background, store)
             self._write_checkpoint(st)
         return st
+
+    def _communicate(self, st: LoopState, rnd: RoundAccount,
+                     step: Step) -> tuple[bool, RoundAccount]:
+        """The step's second half: take in what arrived, decide, apply, and at a round's
+        end agree, record and checkpoint. Returns (stop, the round's account)."""
+        mode, comm = self.mode, self.mode.comm
+        mode.poll()
+        action = mode.decide(step)
+        agreement = None
+        if action.ends_round:
+            stop, agreement = self._before_apply(st, rnd)
+            if stop:
+                return True, rnd
+        finished_round = mode.round
+        applying, waited = time.perf_counter(), comm.clock.total()
+        mode.apply(action)
+        rnd.compute += (time.perf_counter() - applying) - (comm.clock.total() - waited)
+        if not action.ends_round:
+            return self._background_agreement(st, wait=False), rnd
+
+        # ---- the round ends: the agreement's other half, the record, acting on it
+        agreement = self._after_apply(st, rnd, agreement)
+        stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
+        self._record(finished_round, rnd, st, step.epoch)
+        rnd = RoundAccount(st.eval_total)
+        if self._checkpoint_due:  # its time: the next round's eval_s, not training
+            self._write_checkpoint(st)
+        return stop, rnd
+
+    def _regroup(self, st: LoopState, err: CommError) -> None:
+        """A peer was lost: go on with the survivors where the run can
+        (`runtime/membership.py`): new groups, rank 0's global state (`mode.rejoin`) and
+        its counts of samples and evaluations. The round in progress is dropped. Raises
+        `err` where the run cannot go on."""
+        if self.membership is None:
+            raise err
+        members = self.membership.regroup(err)
+        self.mode.comm.regroup(members, *self.membership.groups())
+        self.mode.rejoin()
+        counts = self.mode.comm.broadcast(torch.tensor([st.samples_seen, self._evaluations],
+                                                   dtype=torch.float64))
+        st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
+        self.control.resume(st.samples_seen)
+        self._in_flight, self._checkpoint_due, self._global_state = None, False, None
+        print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
+              f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
+              f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)
 
     def _schedule_lr(self, st: LoopState, now: float) -> None:
         cfg = self.cfg

@@ -151,6 +151,12 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         mode.load_state_dict(own["mode"])
         _cut_logs(run_dir, rank, own)
     store = dist.distributed_c10d._get_default_store() if world > 1 else None
+    membership = None
+    if cfg.regroups and cfg.workers > 1:
+        from hetsync.runtime.membership import Membership
+
+        membership = Membership(store, rank, workers, timeout=cfg.timeout)
+        mode.comm.channel.alarm = membership.alarm
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
                     if cfg.checkpoint_every > 0 else None)
@@ -160,7 +166,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
                                 test_set=data.test, device=device, recorder=recorder,
                                 eval_recorder=eval_recorder, store=store, progress=progress,
-                                checkpointer=checkpointer)
+                                checkpointer=checkpointer, membership=membership)
             if own is None:
                 loop.evaluate_initial(0.0)
             else:
@@ -194,7 +200,9 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                 write_json_atomic(run_dir / "run.json", _run_info(
                     **info, end_time=start_time + wall, wall_s=wall,
                     train_time=train_time,
-                    paused_s=state.eval_total if loop.pauses_everyone else 0.0))
+                    paused_s=state.eval_total if loop.pauses_everyone else 0.0,
+                    **({"lost_workers": membership.lost} if membership and membership.lost
+                       else {})))
             if poster is not None:
                 poster.close()  # after the deferred evaluations: their accuracy goes too
     except BaseException:

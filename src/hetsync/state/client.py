@@ -87,11 +87,13 @@ class StateClient:
     def wait_until_up(self, deadline_s: float = 30.0) -> None:
         self._request("GET", "/healthz", retry_s=deadline_s)
 
-    def init(self, workers: int, epsilon: float | None = None, run: str | None = None) -> None:
-        """Start afresh for `run` (then every report carries it); `epsilon` None: the
-        server's own margin (by default `auto`)."""
+    def init(self, workers: int, epsilon: float | None = None, run: str | None = None,
+             lost: list[int] | None = None) -> None:
+        """Start afresh for `run` (then every report carries it), without the `lost` ranks;
+        `epsilon` None: the server's own margin (by default `auto`)."""
         self.run = run
-        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run})
+        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run,
+                                        "lost": list(lost or [])})
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:

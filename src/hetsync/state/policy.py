@@ -212,19 +212,28 @@ class ReadinessTracker:
     round_started: float | None = None
     length: float | None = None  # auto: this round's planned length, fixed at its first report
     records: dict[int, WorkerRecord] = field(default_factory=dict)
+    #: ranks the run goes on without (lost workers): no record, so never the slowest
+    lost: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.epsilon is not None and not -1 < self.epsilon < 1:
             raise ValueError(f"epsilon must be a fraction in (-1, 1), got {self.epsilon}")
-        self.records = {r: WorkerRecord(rank=r) for r in range(self.workers)}
+        self.lost = frozenset(self.lost)
+        if not self.lost < set(range(self.workers)):
+            raise ValueError(f"lost ranks {sorted(self.lost)} must be some, not all, of "
+                             f"0..{self.workers - 1}")
+        self.records = {r: WorkerRecord(rank=r) for r in range(self.workers)
+                        if r not in self.lost}
 
     def report(self, rank: int, round: int, steps: int, step_time: float, now: float,
                device: str = "") -> Decision:
         """A worker finished `steps` local steps of `round`, the last taking `step_time` s."""
         if not 0 <= rank < self.workers:
             raise ValueError(f"rank {rank} out of range 0..{self.workers - 1}")
+        if rank in self.lost:
+            raise ValueError(f"rank {rank} was lost: the run went on without it")
         if round > self.round:
             self._start_round(round, now - steps * step_time)
         me = self.records[rank]
@@ -249,6 +258,7 @@ class ReadinessTracker:
             r.step_started = started  # everyone began its first step when the round began
 
     def status(self) -> dict:
-        return {"workers": self.workers, "epsilon": self.epsilon, "round": self.round,
+        return {"workers": self.workers, "lost": sorted(self.lost), "epsilon": self.epsilon,
+                "round": self.round,
                 "round_length": self.length,
                 "records": [vars(r).copy() for r in self.records.values()]}

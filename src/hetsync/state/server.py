@@ -2,9 +2,10 @@
 
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
-- `POST /init`   `{"workers": N, "epsilon": -0.2 | null, "run": ID?}` → `{"ok": true}`; starts
-  afresh (`epsilon` null or absent: the server's own, by default `auto`, see
-  `policy.round_length`) for run ID (a string drawn by the run's rank 0);
+- `POST /init`   `{"workers": N, "epsilon": -0.2 | null, "run": ID?, "lost": [RANK...]?}` →
+  `{"ok": true}`; starts afresh (`epsilon` null or absent: the server's own, by default
+  `auto`, see `policy.round_length`) for run ID (a string drawn by the run's rank 0), without
+  the `lost` ranks (workers the run went on without: never the slowest, their reports refused);
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?, "run"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
   caller's margin as a fraction of its step),
@@ -133,7 +134,12 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         run = None if data.get("run") is None else _field(data, "run", str)
         if run is not None and not 0 < len(run) <= 64:
             raise BadRequest("field 'run' must be 1 to 64 characters")
-        state["tracker"], state["run"] = ReadinessTracker(n, eps), run
+        lost = data.get("lost") or []
+        if (not isinstance(lost, list) or len(lost) >= n
+                or not all(type(r) is int and 0 <= r < n for r in lost)):
+            raise BadRequest(f"field 'lost' must be a list of fewer than {n} ranks in "
+                             f"0..{n - 1}, got {str(lost)[:40]}")
+        state["tracker"], state["run"] = ReadinessTracker(n, eps, lost=frozenset(lost)), run
         return reply({"ok": True})
 
     async def report(request: Request):
@@ -153,6 +159,9 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         tracker = state["tracker"]
         if rank >= tracker.workers:
             raise BadRequest(f"rank {rank} out of range 0..{tracker.workers - 1}")
+        if rank in tracker.lost:
+            return reply({"error": f"rank {rank} was lost: run {state['run']} went on "
+                                   f"without it"}, 409)
         decision = tracker.report(rank, rnd, steps, step_time, clock(), device[:64])
         return reply({"ready": decision.ready, "steps_left": decision.steps_left,
                       "time_left": decision.time_left, "epsilon": decision.epsilon,
@@ -204,7 +213,9 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                 r.queries)) + "</tr>"
             for r in tracker.records.values())
         eps = "auto" if tracker.epsilon is None else tracker.epsilon
-        head = f"round {tracker.round} · {tracker.workers} workers · ε = {eps}"
+        head = f"round {tracker.round} · {len(tracker.records)} workers · ε = {eps}"
+        if tracker.lost:
+            head += f" · lost: rank {', '.join(map(str, sorted(tracker.lost)))}"
         if tracker.length is not None:
             head += f" · round length {tracker.length * 1000:.1f} ms"
         state["requests"] += 1

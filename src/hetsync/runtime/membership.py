@@ -1,0 +1,95 @@
+"""Going on without a lost worker: the survivors agree on who they are through the process
+group's key-value store, then make new groups of themselves alone.
+
+For modes whose workers can lose one (ESync with its background aggregation): a collective
+with a dead peer fails on the ranks connected to it at once (the connection closes) and on
+the others at the channel's timeout. So that nobody waits that long:
+
+1. a survivor whose collective failed raises the alarm: it sets ``regroup/G`` in the store
+   (G counts the regroups of the run) and registers ``regroup/G/alive/RANK``;
+2. every other survivor sees the alarm while it waits on its background channel
+   (`Membership.alarm`, checked twice a second by `ChannelFuture.result`), and registers too;
+3. rank 0 — it hosts torch's store and evaluates: its loss ends the run — waits up to
+   `grace` seconds for every member to register, then writes the new members,
+   ``regroup/G/members``: those that did. If every member registered, no peer was lost
+   (the failure was something else): the error stands and the run stops;
+4. each new member makes two groups of the members by themselves alone
+   (``use_local_synchronization``; the dead rank takes no part): the main thread's, ranks
+   ascending, and the channel's, descending (torch names such a group after its rank list:
+   the two must differ).
+
+A rank left out (it registered too late) stops with an error naming the regroup. Ranks keep
+their numbers: a group's ranks are global ranks, so records, shards and the state server's
+reports stay as they were.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import torch.distributed as dist
+
+from hetsync.comm.errors import CommError
+
+PREFIX = "hetsync/regroup"
+
+
+class Membership:
+    """The workers of a run that can go on without some of them, and their regroups."""
+
+    def __init__(self, store: dist.Store, rank: int, members: list[int], *,
+                 timeout: float, grace: float = 5.0):
+        self.store, self.rank, self.timeout = store, rank, timeout
+        self.members = sorted(members)
+        self.grace = min(grace, timeout)
+        self.generation = 0
+        self.lost: list[int] = []
+
+    def _key(self, *parts: object) -> str:
+        return "/".join([PREFIX, str(self.generation), *map(str, parts)])
+
+    def alarm(self) -> bool:
+        """Whether a survivor has raised the alarm for the next regroup (a store that cannot
+        be reached raises none: rank 0 is gone, and the job's own deadline reports it)."""
+        try:
+            return self.store.check([self._key()])
+        except Exception:  # noqa: BLE001 - the store's errors are not a regroup
+            return False
+
+    def regroup(self, cause: BaseException) -> list[int]:
+        """Agree on the survivors (see the module docstring); returns them, the new members.
+        Raises `cause` if no member was lost, CommError if this rank was left out."""
+        self.store.set(self._key(), b"1")
+        self.store.set(self._key("alive", self.rank), b"1")
+        decided = self._key("members")
+        if self.rank == self.members[0]:
+            deadline = time.monotonic() + self.grace
+            while True:
+                alive = [r for r in self.members if self.store.check([self._key("alive", r)])]
+                if len(alive) == len(self.members) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+            self.store.set(decided, json.dumps(alive).encode())
+        else:
+            self.store.wait([decided], datetime.timedelta(seconds=self.timeout + self.grace))
+        alive = json.loads(self.store.get(decided))
+        if len(alive) == len(self.members):
+            raise cause
+        if self.rank not in alive:
+            raise CommError(f"rank {self.rank} registered too late for regroup "
+                            f"{self.generation} (members {alive}): it stops here",
+                            op="regroup")
+        self.lost += [r for r in self.members if r not in alive]
+        self.members, self.generation = alive, self.generation + 1
+        return alive
+
+    def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+        """The members' new groups, made by them alone: (main thread's, channel's); None for
+        a worker left alone."""
+        if len(self.members) == 1:
+            return None, None
+        return (dist.new_group(self.members, use_local_synchronization=True),
+                dist.new_group(self.members[::-1], use_local_synchronization=True,
+                               sort_ranks=False))
