@@ -148,6 +148,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
             assert ps[-1]["lost"] == [1], (ps, out)
         else:
             assert json.loads((run / "run.json").read_text())["lost_workers"] == [1], out
+            assert json.loads((run / "summary.json").read_text())["lost_workers"] == [1]
             # the survivors, ranks 0 and 2, went on together after rank 1 was lost: they
             # recorded the same rounds to the end, well past its last one
             lost_at = max(_rounds(run, 1), default=0)

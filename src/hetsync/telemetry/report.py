@@ -26,7 +26,10 @@ def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
     slow = ",".join(f"{x:g}" for x in s.get("slowdowns") or [])
     print(f"\nrun {s['run_name']}: {s['mode']}, {s['workers']} worker(s)"
           + (f", slowdowns {slow}" if slow else "")
-          + f", {s.get('network')}, collective {s.get('collective')}, lr {s.get('lr')}",
+          + f", {s.get('network')}, collective {s.get('collective')}, lr {s.get('lr')}"
+          + (f" ({s['lr_schedule']})" if s.get("lr_schedule", "constant") != "constant" else "")
+          + (f"; went on without rank {', '.join(map(str, s['lost_workers']))}"
+             if s.get("lost_workers") else ""),
           file=stream)
     tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_accuracy"].items())
     print(f"wall {s['wall_s']:.1f} s | {s['samples']:,} samples | throughput "
