@@ -63,6 +63,17 @@ def test_a_run_that_lost_a_worker_is_planned_without_it(server):
     c.close()
 
 
+def test_a_restarted_state_server_plans_without_the_ranks_the_reports_name_lost(server):
+    c = StateClient(server.host, server.port)
+    c.run, c.lost = "run-a/1", [1]  # no /init since the (re)start; rank 1 was lost before
+    c.report(0, 7, 1, 0.01)  # (a warm-up round: nobody to wait for)
+    assert c.report(0, 8, 1, 0.01).ready  # not held back for rank 1
+    with pytest.raises(StateServerError, match="rank 1 was lost"):
+        c.report(1, 8, 1, 0.08)
+    assert json.loads(_raw(server, "GET", "/status")[1])["lost"] == [1]
+    c.close()
+
+
 def test_binds_to_loopback_by_default(server):
     assert server.host == "127.0.0.1"
 

@@ -180,6 +180,7 @@ class ESync(Mode):
         client.close()  # an answer of the old run may be unread on its connection
         lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
         client.run = f"{client.run.split('/')[0]}/{len(lost)}" if client.run else None
+        client.lost = lost  # named in every report, for a restarted server
         if self.comm.rank == 0:
             client.init(self._all_workers, self.options.epsilon, run=client.run, lost=lost)
         stats = self._global_stats if self._global_stats is not None else torch.zeros(0)

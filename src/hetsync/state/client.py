@@ -35,6 +35,7 @@ class StateClient:
                  token: str | None = None, retry_s: float | None = None):
         self.host, self.port, self.timeout = host, port, timeout
         self.run: str | None = None  # the run every report names (`init`, or set by a worker)
+        self.lost: list[int] = []    # ranks that run went on without (`init`, or a worker)
         self.retry_s = timeout if retry_s is None else retry_s
         token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
         if token is not None and not valid_token(token):
@@ -92,8 +93,9 @@ class StateClient:
         """Start afresh for `run` (then every report carries it), without the `lost` ranks;
         `epsilon` None: the server's own margin (by default `auto`)."""
         self.run = run
+        self.lost = sorted(lost or [])
         self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run,
-                                        "lost": list(lost or [])})
+                                        "lost": self.lost})
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:
@@ -106,6 +108,8 @@ class StateClient:
                 "device": device}
         if self.run is not None:
             body["run"] = self.run
+        if self.lost:  # for a restarted server (see `hetsync.state.server`)
+            body["lost"] = self.lost
         try:
             self._send("POST", "/report", body)
             sent = True

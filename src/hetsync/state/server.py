@@ -6,13 +6,14 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
   `{"ok": true}`; starts afresh (`epsilon` null or absent: the server's own, by default
   `auto`, see `policy.round_length`) for run ID (a string drawn by the run's rank 0), without
   the `lost` ranks (workers the run went on without: never the slowest, their reports refused);
-- `POST /report` `{"rank", "round", "steps", "step_time", "device"?, "run"?}` →
+- `POST /report` `{"rank", "round", "steps", "step_time", "device"?, "run"?, "lost"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
   caller's margin as a fraction of its step),
   "reason": str}`: ESync's `/apply/`, asked once per round (see `policy.py`). A report of
   another run than the server's is refused (409, naming both): two runs sharing one server
   would plan each other's rounds. A server that has no run yet (restarted) takes the first
-  report's.
+  report's, and its `lost` ranks (a run that went on without a worker names them in every
+  report, so that a restarted server does not plan for them again).
 - `POST /progress` `{"run", "rank", "worker": {figures}, "loss": [[t, v]...], "accuracy":
   [[t, acc]...], "mode"?, "deferred"?}` → `{"ok": true}`: a worker's figures for the live page
   (`--live-report`, any mode; `telemetry.live.LiveBoard` checks and bounds them);
@@ -93,6 +94,16 @@ def _field(body: dict, name: str, kind: type, *, required: bool = True,
     return float(value) if kind is float else value
 
 
+def _lost_ranks(body: dict, workers: int) -> frozenset[int]:
+    """The optional field 'lost': some, not all, of the ranks 0..workers-1."""
+    lost = body.get("lost") or []
+    if (not isinstance(lost, list) or len(lost) >= workers
+            or not all(type(r) is int and 0 <= r < workers for r in lost)):
+        raise BadRequest(f"field 'lost' must be a list of fewer than {workers} ranks in "
+                         f"0..{workers - 1}, got {str(lost)[:40]}")
+    return frozenset(lost)
+
+
 def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
                clock=time.monotonic, token: str | None = None) -> Starlette:
     """The ASGI app; the tracker's times come from `clock` (the server's own)."""
@@ -134,12 +145,8 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         run = None if data.get("run") is None else _field(data, "run", str)
         if run is not None and not 0 < len(run) <= 64:
             raise BadRequest("field 'run' must be 1 to 64 characters")
-        lost = data.get("lost") or []
-        if (not isinstance(lost, list) or len(lost) >= n
-                or not all(type(r) is int and 0 <= r < n for r in lost)):
-            raise BadRequest(f"field 'lost' must be a list of fewer than {n} ranks in "
-                             f"0..{n - 1}, got {str(lost)[:40]}")
-        state["tracker"], state["run"] = ReadinessTracker(n, eps, lost=frozenset(lost)), run
+        state["tracker"] = ReadinessTracker(n, eps, lost=_lost_ranks(data, n))
+        state["run"] = run
         return reply({"ok": True})
 
     async def report(request: Request):
@@ -150,13 +157,17 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         step_time = _field(data, "step_time", float)
         device = _field(data, "device", str, required=False, default="")
         run = _field(data, "run", str, required=False)
-        if run is not None and state["run"] is None:  # restarted: the run goes on here
-            state["run"] = run[:64]
+        tracker = state["tracker"]
+        lost = _lost_ranks(data, tracker.workers)
+        if run is not None and state["run"] is None:  # restarted: the run goes on here,
+            state["run"] = run[:64]                   # without the ranks it lost
+            if lost:
+                tracker = state["tracker"] = ReadinessTracker(tracker.workers,
+                                                              tracker.epsilon, lost=lost)
         elif run is not None and run != state["run"]:
             return reply({"error": f"this state server serves run {state['run']} (since its "
                                    f"/init), not run {run[:64]}: give every run its own "
                                    f"state server"}, 409)
-        tracker = state["tracker"]
         if rank >= tracker.workers:
             raise BadRequest(f"rank {rank} out of range 0..{tracker.workers - 1}")
         if rank in tracker.lost:
