@@ -101,6 +101,60 @@ def test_esync_round_over_every_collective_is_the_mean_of_the_local_models():
                                            msg=f"rank {rank}: {collective} differs from native")
 
 
+def _esync_scaffold(rank, world, state_port):
+    from hetsync.state import StateClient
+
+    group = dist.new_group(list(range(world)))
+    channel = Channel(dist.new_group(list(range(world))))
+    client = StateClient("127.0.0.1", state_port)
+    if rank == 0:
+        client.init(world, 0.0)
+    dist.barrier(group=group)
+    torch.manual_seed(0)
+    model = SmallNet()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    algo = ESync(model, opt, CommContext(rank=rank, workers=world, group=group,
+                                         state_client=client, channel=channel),
+                 ESyncOptions(drift_correction="scaffold", overlap=False))
+    algo.setup()
+    out = []
+    for _ in range(2):  # rounds of one step: the round's mean gradient is the step's own
+        _step(model, opt, rank)
+        raw = flatten([p.grad for p in model.parameters()])
+        before = flatten(list(model.parameters()))
+        correction = (torch.zeros_like(raw) if algo.variates.own is None
+                      else algo.variates.common - algo.variates.own)
+        algo.apply(Action.AVERAGE_MODELS)
+        algo.settle()
+        # torch.distributed's own sums, for reference: the gradients, and the local models
+        # after a step corrected by c − c_i (the global model is their mean: one step each)
+        mean, sent = raw.clone(), before - LR * (raw + correction)
+        dist.all_reduce(mean, group=group)
+        dist.all_reduce(sent, group=group)
+        out.append({"c_i": (algo.variates.own, raw), "c": (algo.variates.common, mean / world),
+                    "w_global": (flatten(list(model.parameters())), sent / world)})
+    channel.close()
+    client.close()
+    return out
+
+
+@pytest.mark.slow
+def test_esync_with_control_variates_sums_every_workers_round_gradient():
+    """--drift-correction scaffold on real processes: after each round c_i is the worker's
+    gradient of the round, c their mean, and the step taken was corrected by c − c_i."""
+    from hetsync.state import StateServer
+
+    server = StateServer(workers=2, port=0).start()
+    try:
+        results = run_ranks(_esync_scaffold, 2, server.port, timeout=120)
+    finally:
+        server.stop()
+    for rank, rounds in enumerate(results):
+        for r, checks in enumerate(rounds):
+            for name, (got, expected) in checks.items():
+                torch.testing.assert_close(got, expected, msg=f"rank {rank}, round {r}: {name}")
+
+
 def _sync_step(rank, world):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))

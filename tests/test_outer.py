@@ -63,9 +63,13 @@ def test_nesterov_outer_step_is_torch_sgd_on_the_pseudo_gradient():
 
 def test_esync_outer_defaults_and_flags_override_them():
     paper = global_update(ESync.defaults, ESyncOptions())
-    assert paper == {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform"}
+    assert paper == {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform",
+                     "drift_correction": "none"}
     assert global_update(ESyncOuter.defaults, ESyncOptions()) == {
-        "global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform"}
-    given = ESyncOptions(global_lr=0.5, weighting="fednova")
+        "global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform",
+        "drift_correction": "none"}
+    given = ESyncOptions(global_lr=0.5, weighting="fednova", drift_correction="scaffold",
+                         overlap=False)
     assert global_update(ESyncOuter.defaults, given) == {
-        "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "fednova"}
+        "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "fednova",
+        "drift_correction": "scaffold"}

@@ -27,6 +27,11 @@ the previous sum is still in flight waits for it (timed as `wait`), so no worker
 than a round ahead. Evaluation sees w_global (`global_model`), and the model kept at the end
 is w_global.
 
+The global update of step 4 is an outer optimizer over a weighting of the deltas
+(`hetsync.algorithms.outer`); `--drift-correction scaffold` adds SCAFFOLD's control variates
+to every local step and to the round's all-reduce (`hetsync.algorithms.scaffold`; with
+blocking rounds only).
+
 Unlike the original, no batch is drawn and thrown away when the worker is told to stop: the
 decision is made after a step, not before the next one. The local optimizer's momentum (0 by
 default, as in ESync) stays local. A step's time is its data, forward, backward and emulated
@@ -48,6 +53,7 @@ from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statist
                                      pack, unflatten_into, with_count)
 from hetsync.algorithms.outer import WEIGHTINGS, OuterOptimizer, combine, contribution
 from hetsync.algorithms.registry import ModeSpec, register
+from hetsync.algorithms.scaffold import DRIFT_CORRECTIONS, ControlVariates
 from hetsync.state.policy import Decision, would_overrun
 
 
@@ -70,6 +76,11 @@ class ESyncOptions:
         "help": "how the workers' deltas combine: uniform (the mean), samples (by local "
                 "steps), fednova (normalised averaging; for non-IID data) (default: "
                 "uniform)"})
+    drift_correction: str | None = field(default=None, metadata={
+        "flags": ("--drift-correction",),
+        "help": "none, or scaffold: control variates correct each local step towards the "
+                "global gradient (SCAFFOLD, for non-IID data; with --overlap 0; a second "
+                "model-sized vector in each round's all-reduce) (default: none)"})
     epsilon: float | None = field(default=None, metadata={
         "flags": ("--epsilon",), "parser": "epsilon",
         "help": "ESync readiness margin ε, a fraction of the caller's step time c: stop when "
@@ -91,6 +102,12 @@ class ESyncOptions:
             raise invalid_option(self, "outer_momentum", "a number in [0, 1)")
         if self.weighting is not None and self.weighting not in WEIGHTINGS:
             raise invalid_option(self, "weighting", " or ".join(WEIGHTINGS))
+        if self.drift_correction is not None and self.drift_correction not in DRIFT_CORRECTIONS:
+            raise invalid_option(self, "drift_correction", " or ".join(DRIFT_CORRECTIONS))
+        if self.drift_correction == "scaffold" and self.overlap:
+            # measured: variates a round staler, under the outer momentum, diverged
+            raise invalid_option(self, "drift_correction",
+                                 "none with --overlap 1 (scaffold needs --overlap 0)")
         if self.epsilon is not None and not -1 < self.epsilon < 1:
             raise invalid_option(self, "epsilon", "auto or a fraction in (-1, 1)")
         return self
@@ -108,7 +125,8 @@ class ESync(Mode):
     Options = ESyncOptions
     aggregation_pass = True
     #: the global update's defaults (ESync as published: the mean delta, applied at rate 1)
-    defaults = {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform"}
+    defaults = {"global_lr": 1.0, "outer_momentum": 0.0, "weighting": "uniform",
+                "drift_correction": "none"}
     WINDOW = 9  # step time c = median of the last WINDOW steps: the round's first step, which
     #             every worker takes at once on shared cores, is not the typical one
 
@@ -120,6 +138,8 @@ class ESync(Mode):
         self.settings = global_update(self.defaults, self.options)
         self.outer = OuterOptimizer(self.settings["global_lr"], self.settings["outer_momentum"])
         self.weighting = self.settings["weighting"]
+        self.variates = (ControlVariates() if self.settings["drift_correction"] == "scaffold"
+                         else None)
         self.local_steps = 0
         self._deadline: float | None = None  # local clock: when the round should end
         self._planned = 0  # the steps the server planned for this round
@@ -197,6 +217,8 @@ class ESync(Mode):
         self.round = int(sizes[3])
         self._load(self._global, self._global_stats)
         self.optimizer.state.clear()  # local momentum belongs to the dropped steps
+        if self.variates is not None:
+            self.variates.reset()
 
     def join(self) -> None:
         """No data left (hetsync.wrap): from now on report a negligible step time, so the
@@ -237,6 +259,8 @@ class ESync(Mode):
 
     def apply(self, action: Action) -> None:
         if not self.joined:
+            if self.variates is not None:
+                self.variates.correct(self.parameters(), self.lr)
             self.optimizer.step()
             self.local_steps += 1
         if action is Action.AVERAGE_MODELS:
@@ -253,10 +277,14 @@ class ESync(Mode):
             self.comm.rank, self.round + 1, 0, max(self.step_time or 0.0, 1e-6),
             self.comm.device_name)
         self._sent = (local, sent_stats)
-        # [stats, weighted delta, τ], then 1 if this worker took local steps (one that has
-        # joined under hetsync.wrap sends its last steps, then zeros, and is not counted)
-        buffer = with_count(torch.cat([sent_stats, contribution(
-            local - self._global, self.local_steps, self.weighting)]), self.local_steps > 0)
+        # [stats, ḡ_i (SCAFFOLD), weighted delta, τ], then 1 if this worker took local steps
+        # (one that has joined under hetsync.wrap sends its last steps, then zeros, and is
+        # not counted)
+        delta = local - self._global
+        variate = (self.variates.contribution(delta) if self.variates is not None
+                   else torch.zeros(0))
+        buffer = with_count(torch.cat([sent_stats, variate, contribution(
+            delta, self.local_steps, self.weighting)]), self.local_steps > 0)
         if self.options.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"esync round {self.round}")
         else:
@@ -280,9 +308,12 @@ class ESync(Mode):
         (sent, sent_stats), self._sent = self._sent, None
         params, stats = self.parameters(), bn_statistics(self.model)
         m = sent_stats.numel()
+        v = m + (sent.numel() if self.variates is not None else 0)
         count = self.contributors = int(round(float(summed[-1])))
         if count:  # (none: every worker has joined; nothing to apply)
-            self.outer.step(self._global, *combine(summed[m:-1], count, self.weighting))
+            self.outer.step(self._global, *combine(summed[v:-1], count, self.weighting))
+            if self.variates is not None:
+                self.variates.update(summed[m:v], count)
             if stats:
                 self._global_stats = summed[:m] / count
         unflatten_into(self._global + (flatten(params) - sent), params)
@@ -323,7 +354,8 @@ class ESync(Mode):
         return {"round": self.round, "global_weights": self._global.clone(),
                 "global_bn_stats": (None if self._global_stats is None
                                     else self._global_stats.clone()),
-                "recent_step_times": list(self._recent), "outer": self.outer.state_dict()}
+                "recent_step_times": list(self._recent), "outer": self.outer.state_dict(),
+                "variates": None if self.variates is None else self.variates.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
@@ -333,6 +365,8 @@ class ESync(Mode):
         self._recent = deque((float(t) for t in state["recent_step_times"]),
                              maxlen=self.WINDOW)
         self.outer.load_state_dict(state["outer"])
+        if self.variates is not None and state.get("variates") is not None:
+            self.variates.load_state_dict(state["variates"])
         self.step_time = statistics.median(self._recent) if self._recent else None
         self.local_steps, self._deadline, self._plan, self._answer = 0, None, None, None
 
@@ -342,7 +376,8 @@ class ESyncOuter(ESync):
     (`hetsync.algorithms.outer`): the default of `hetsync launch`."""
 
     name = "esync-outer"
-    defaults = {"global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform"}
+    defaults = {"global_lr": 0.7, "outer_momentum": 0.9, "weighting": "uniform",
+                "drift_correction": "none"}
 
 
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
