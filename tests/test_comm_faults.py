@@ -135,13 +135,16 @@ def _worker_dies_mid_request(rank: int, world_size: int, when: str):
     server = world_size - 1
     dist.barrier()
     if rank == server:
-        stats = ParameterServer([0, 1], Sum(), timeout=TIMEOUT).serve()
+        stats = ParameterServer([0, 1], Sum(), timeout=TIMEOUT, linger=1.0).serve()
         return {"lost": stats.lost, "per_worker": stats.per_worker}
     client = PSClient(server, timeout=TIMEOUT)
     if rank == 1:
         if when == "before its payload":  # a header announcing 1000 values, then nothing
             header = Header(op=Op.PUSH_PULL, sender=1, seq=0, **describe(torch.ones(1000)))
             dist.send(header.encode(), server, tag=TAG_REQUEST)
+        elif when == "in its header":  # the server's any-source receive fails mid-message
+            dist.isend(torch.ones(30_000_000, dtype=torch.int64), server, tag=TAG_REQUEST)
+            time.sleep(0.05)
         else:
             threading.Thread(target=client.push_pull, args=(torch.ones(1000),),
                              daemon=True).start()
@@ -154,7 +157,7 @@ def _worker_dies_mid_request(rank: int, world_size: int, when: str):
     return float(weights[0])
 
 
-@pytest.mark.parametrize("when", ["before its payload", "before its reply"])
+@pytest.mark.parametrize("when", ["in its header", "before its payload", "before its reply"])
 def test_a_worker_dying_mid_request_is_lost_and_the_others_are_served(when):
     w0, dead, server = run_ranks(_worker_dies_mid_request, 3, when, allow_failures=True,
                                  timeout=60)

@@ -139,7 +139,9 @@ class ParameterServer:
        heard from no more (gloo's any-source receive goes on with the others); with
        ``linger``, it is given up once the others have finished. One that dies in the middle
        of a request (its payload, or the reply to it, fails) is lost at once: recorded in
-       ``stats.lost`` and served no more; the others go on.
+       ``stats.lost`` and served no more; the others go on. One that dies in the middle of
+       its header fails the any-source receive, which names no sender: the server receives
+       again, and that worker is lost when it stays silent.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -234,6 +236,7 @@ class ParameterServer:
                 close(worker)
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
+        failed_in_a_row = 0  # any-source receives that failed since the last one that worked
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         while open_workers:
             timeout = resolve_timeout(self.timeout)
@@ -251,6 +254,15 @@ class ParameterServer:
                 raise CommTimeoutError(
                     f"ps/serve: no request within {timeout:g} s from any of the workers still "
                     f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
+            except CommError:
+                # A sender died in the middle of its header. gloo does not say which one; it
+                # is found later (its reply fails, or it stays silent past `linger`). Each
+                # death fails one receive: more failures in a row than workers is not that.
+                failed_in_a_row += 1
+                if failed_in_a_row > len(open_workers):
+                    raise
+                continue
+            failed_in_a_row = 0
             seq = int(raw[Field.SEQ])
             try:
                 header, payload = self._receive(raw, src, open_workers, next_seq[src],
