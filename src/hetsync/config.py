@@ -607,6 +607,11 @@ def _shown(default: Any) -> str:
     return str(default)
 
 
+def _with_default(help_text: str, default: Any) -> str:
+    """`help_text`, with its default appended unless the text states it already."""
+    return help_text if "(default:" in help_text else f"{help_text} (default: {_shown(default)})"
+
+
 def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
     """(field, default, modes) of every registered mode option, one per field (a field shared
     by several modes' options class is listed once, with all of them)."""
@@ -642,7 +647,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
         help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
         parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
                             default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=f"{help_text} (default: {_shown(getattr(defaults, f.name))})")
+                            help=_with_default(help_text, getattr(defaults, f.name)))
     add_option_arguments(parser)
 
 
@@ -659,8 +664,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(*f.metadata["flags"], dest=OPTION_PREFIX + f.metadata["flags"][-1],
                            type=parser_for(f, typing.get_type_hints(owner)),
                            default=argparse.SUPPRESS, metavar=f.name.upper(),
-                           help=f"[{', '.join(modes)}] {f.metadata['help']} "
-                                f"(default: {_shown(shown)})")
+                           help=_with_default(f"[{', '.join(modes)}] {f.metadata['help']}",
+                                              shown))
 
 
 def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
