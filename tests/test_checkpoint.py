@@ -104,18 +104,24 @@ def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
     return None
 
 
-def _rounds(run_dir: Path, rank: int) -> list[int]:
+def _records(run_dir: Path, rank: int, field: str) -> list:
     lines = (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()
-    return [json.loads(line)["round"] for line in lines if line.endswith("}")]
+    return [json.loads(line)[field] for line in lines if line.endswith("}")]
+
+
+def _rounds(run_dir: Path, rank: int) -> list[int]:
+    return _records(run_dir, rank, "round")
 
 
 def _evals(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
 
 
-FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), a parameter server
+FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SGD's partial
+    # all-reduce, a parameter server
     "sync": ["-m", "sync", "--workers", "2", "--slowdowns", "1,2"],
     "esync": ["-m", "esync", "--workers", "3", "--slowdowns", "1,2,2"],
+    "eager-solo": ["-m", "eager-solo", "--workers", "3", "--slowdowns", "1,2,2"],
     "async": ["-m", "async", "--workers", "2", "--slowdowns", "1,2"],
 }
 
@@ -138,8 +144,8 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert pid is not None, "rank 1 is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    if family != "sync":  # async: each worker talks only to the parameter server; esync:
-        # the others regroup without it (runtime/membership.py): both go on
+    if family != "sync":  # async: each worker talks only to the parameter server; esync,
+        # eager-solo: the others regroup without it (runtime/membership.py): all go on
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
         assert f"rank-1 exited with code -9; {family} goes on without it" in out
@@ -149,11 +155,16 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
         else:
             assert json.loads((run / "run.json").read_text())["lost_workers"] == [1], out
             assert json.loads((run / "summary.json").read_text())["lost_workers"] == [1]
+        if family == "esync":
             # the survivors, ranks 0 and 2, went on together after rank 1 was lost: they
             # recorded the same rounds to the end, well past its last one
             lost_at = max(_rounds(run, 1), default=0)
             ends = [_rounds(run, rank)[-5:] for rank in (0, 2)]
             assert ends[0] == ends[1] and ends[0][0] > lost_at + 2, (ends, lost_at, out)
+        elif family == "eager-solo":  # no common round: both stepped on, long after it died
+            lost_at = max(_records(run, 1, "t_end"), default=0.0)
+            ends = [max(_records(run, rank, "t_end")) for rank in (0, 2)]
+            assert min(ends) > lost_at + 2, (ends, lost_at, out)
         evals = _evals(run)
         assert evals[-1]["train_time"] >= 8.0 and evals[-1]["test_acc"] >= 0.70, (evals, out)
         return

@@ -20,12 +20,19 @@ commented out). The mean divides by P (`--eager-divide workers`, as the code) or
 contributions (`fresh`). Each step's record holds the staleness of its gradient (rounds
 between the model it was computed on and the round that carried it) and the rounds it
 applied. The loop's agreement goes through the store: there is no common round.
+
+A lost worker: the survivors regroup (`runtime/membership.py`) and `rejoin` starts a new
+engine on their new channel, from rank 0's model and optimizer state (a round in flight may
+have been applied by some survivors and not by others); the gradients the old engine still
+carried are dropped, and the old engine's thread ends with its timeout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
                                      set_gradients)
@@ -69,6 +76,7 @@ class EagerSGD(Mode):
         super().__init__(model, optimizer, comm, options)
         self.options.validate()
         self.applied = 0      # rounds applied to this replica
+        self._first = 0       # rounds applied before the current engine's first
         self.engine = None
         self._engine_job = None
         self._last = {"staleness": 0, "rounds_applied": 0}
@@ -80,17 +88,21 @@ class EagerSGD(Mode):
         return self.default_sync_every if k is None else k
 
     def setup(self) -> None:
+        self.broadcast_model()
+        self._start_engine()
+
+    def _start_engine(self) -> None:
         from hetsync.comm.partial import PartialAllReduce
 
-        self.broadcast_model()
+        self._first = self.applied
         self.engine = PartialAllReduce(
             sum(p.numel() for p in self.parameters()), initiator=self.initiator,
             sync_every=self.sync_every, divide=self.options.divide, seed=6545343,
             collective=self.comm.collective, timeout=self.comm.timeout,
             device=self.comm.wire_device)
-        if self.comm.channel is not None:
-            self._engine_job = self.comm.channel.submit(self.engine.run, "eager-SGD rounds",
-                                                        long_running=True)
+        self._engine_job = (None if self.comm.channel is None else  # one worker (left)
+                            self.comm.channel.submit(self.engine.run, "eager-SGD rounds",
+                                                     long_running=True))
 
     def decide(self, step: Step) -> Action:
         return Action.CONTRIBUTE
@@ -102,9 +114,9 @@ class EagerSGD(Mode):
             self.round += 1
             return
         grad = flatten(gradients(self.parameters()))
-        ticket = self.engine.post(grad, self.applied)
+        ticket = self.engine.post(grad, self.applied - self._first)
         with self.comm.clock.phase("wait"):
-            self.engine.wait_for(ticket)
+            self.engine.wait_for(ticket, alarm=self.comm.channel.alarm)
         applied = self._apply_rounds()
         self._last = {"staleness": self.engine.staleness[-1] if self.engine.staleness else 0,
                       "rounds_applied": applied}
@@ -120,6 +132,35 @@ class EagerSGD(Mode):
                 self.optimizer.step()
         self.applied += len(results)
         return len(results)
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options: EagerOptions) -> bool:
+        return True  # the main thread waits on its engine, which hears the alarm
+
+    def rejoin(self) -> None:
+        """After a regroup: a new engine on the new channel, from rank 0's parameters,
+        momentum and round counts (BatchNorm statistics are each worker's own here)."""
+        params = self.parameters()
+        tensors = list(params)
+        momenta = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
+        has_momenta = float(all(m is not None for m in momenta))
+        head = self.comm.broadcast(torch.tensor([has_momenta, self.applied, self.round],
+                                                dtype=torch.float64))
+        if head[0]:
+            tensors += [m if m is not None else torch.zeros_like(p)
+                        for m, p in zip(momenta, params)]
+        else:
+            self.optimizer.state.clear()
+        flat = self.comm.broadcast(flatten([t.detach() for t in tensors]))
+        offset = 0
+        for t in tensors:
+            t.data.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        if head[0]:
+            for p, m in zip(params, tensors[-len(params):]):
+                self.optimizer.state[p]["momentum_buffer"] = m
+        self.applied, self.round = int(head[1]), int(head[2])
+        self._start_engine()
 
     def join(self) -> None:
         """No data left (hetsync.wrap): the engine takes part in the others' rounds with

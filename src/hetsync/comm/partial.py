@@ -38,7 +38,9 @@ from __future__ import annotations
 import datetime
 import random
 import threading
+import time
 from collections import deque
+from typing import Callable
 
 import torch
 
@@ -118,15 +120,26 @@ class PartialAllReduce:
         self._activate(target)
         return ticket
 
-    def wait_for(self, ticket: int) -> None:
-        """Block until a completed round carries the gradient of `ticket` (bounded)."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._included >= ticket or self._failure
-                                       is not None or self._done, timeout=self.timeout):
+    def wait_for(self, ticket: int, alarm: Callable[[], bool] | None = None) -> None:
+        """Block until a completed round carries the gradient of `ticket` (bounded); with an
+        `alarm` (`runtime/membership.py`), raise PeerLost as soon as it goes off."""
+        from .channel import ChannelFuture, PeerLost
+
+        end = time.monotonic() + self.timeout
+        while True:
+            with self._cond:
+                if self._cond.wait_for(lambda: self._included >= ticket or self._failure
+                                       is not None or self._done,
+                                       timeout=min(ChannelFuture.ALARM_EVERY,
+                                                   max(end - time.monotonic(), 0.0))):
+                    self._raise_failure()
+                    return
+            if time.monotonic() >= end:
                 raise CommTimeoutError(f"eager-SGD: no round carried this rank's gradient "
                                        f"within {self.timeout:g} s (a peer dead or silent?)",
                                        op="eager/round", seconds=self.timeout)
-            self._raise_failure()
+            if alarm is not None and alarm():  # (the store, asked outside the lock)
+                raise PeerLost("eager-SGD rounds: given up, a peer was lost", op="eager/round")
 
     def take_results(self) -> list[tuple[int, torch.Tensor | None]]:
         """The means of the rounds completed since the last call, in round order (None: the

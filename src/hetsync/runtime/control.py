@@ -45,6 +45,8 @@ class CollectiveControl:
         """Count on from a checkpoint's samples (every worker, alike)."""
         self.samples_seen = samples_seen
 
+    rejoin = resume  # after a regroup: from rank 0's count
+
     def agree(self, summed: torch.Tensor) -> Agreement:
         self.samples_seen += int(round(float(summed[0])))
         return Agreement(self.samples_seen, bool(summed[1] > 0), bool(summed[2] > 0))
@@ -71,6 +73,9 @@ class StoreControl:
         adds it once, before the workers start)."""
         if self.rank == 0:
             self.store.add(self.SAMPLES, samples_seen)
+
+    def rejoin(self, samples_seen: int) -> None:
+        """After a regroup: nothing to do, the store's count is the cluster's already."""
 
     def exchange(self, proposal: Proposal) -> Agreement:
         seen = int(self.store.add(self.SAMPLES, proposal.samples))

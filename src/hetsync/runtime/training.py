@@ -413,7 +413,7 @@ class TrainingLoop:
         counts = self.mode.comm.broadcast(torch.tensor([st.samples_seen, self._evaluations],
                                                    dtype=torch.float64))
         st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
-        self.control.resume(st.samples_seen)
+        self.control.rejoin(st.samples_seen)
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
               f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
