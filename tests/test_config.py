@@ -26,11 +26,26 @@ def test_a_modes_options_come_from_its_own_flags():
     assert Config.from_dict(cfg.to_dict()) == cfg  # config.json keeps them
 
 
+def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_otherwise():
+    rounds = lambda *argv: (lambda o: (o.overlap, o.max_local_steps))(  # noqa: E731
+        _launch(*argv).validate().mode_options())
+    assert rounds() == (True, 0)  # i.i.d.: background sums, no limit
+    assert rounds("--partition", "class") == (False, 4)
+    assert rounds("-s", "1") == rounds("--partition", "dirichlet") == (False, 4)
+    assert rounds("--partition", "shared") == (True, 0)
+    assert rounds("--partition", "class", "--overlap", "1") == (True, 4)  # a flag wins
+    assert rounds("--partition", "class", "--max-local-steps", "0") == (False, 0)
+    assert rounds("-m", "esync", "--partition", "class") == (True, 0)  # as published
+    cfg = _launch("--partition", "class").validate()
+    assert Config.from_dict(cfg.to_dict()).mode_options() == cfg.mode_options()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-m", "sync", "-ll", "0.1"],
      "-ll/--local-lr: is an option of modes esync, esync-outer, not of -m sync"),
     (["-m", "esync", "-gl", "0"], "-gl/--global-lr: invalid value 0.0; expected a finite"),
     (["-m", "esync", "--epsilon", "3"], "--epsilon: invalid value 3.0; expected auto or a"),
+    (["--max-local-steps", "-1"], "--max-local-steps: invalid value -1; expected an integer"),
     (["-m", "dcasgd", "--dcasgd-lambda", "-1"], "--dcasgd-lambda: invalid value -1.0"),
     (["-m", "post-local-sgd", "--localsgd-period", "0"], "--localsgd-period: invalid value 0"),
     (["-m", "ddp", "--collective", "ring"], "--collective: invalid value 'ring'; expected "

@@ -77,6 +77,19 @@ def test_esync_fast_worker_fills_the_slow_workers_step_and_sync_idles_it(tmp_pat
     assert esync_ratios[0] >= 2 * sync_ratios[0], (esync_ratios, sync_ratios)
 
 
+@pytest.mark.slow
+def test_on_non_iid_data_esync_outer_caps_its_rounds_at_4_local_steps(tmp_path):
+    # worker 0 is 8x faster: 8 steps fit in worker 1's one, but a round ends after 4
+    cfg = Config(mode="esync-outer", log_dir=str(tmp_path), time_budget=4.0, partition="class",
+                 **{**SMALL, "network": "lenet", "slowdowns": (1.0, 8.0)})
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    info = json.loads((run_dir / "run.json").read_text())["mode_info"]
+    assert (info["overlap"], info["max_local_steps"]) == (False, 4)
+    steps = [r["local_steps"] for r in _records(run_dir, 0)[2:]]
+    assert max(steps) == 4 and statistics.median(steps) >= 3, steps
+    assert summarize(run_dir)["final_accuracy"] > 0.5
+
+
 def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():

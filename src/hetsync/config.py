@@ -27,6 +27,7 @@ from typing import Any
 
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 PARTITIONS = ("iid", "shared", "class", "dirichlet")
+NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
@@ -164,10 +165,12 @@ class Config:
         return registry.get(self.mode)
 
     def mode_options(self):
-        """The mode's options dataclass: its defaults with `options` laid over them.
-        ConfigError naming the flag of an option the mode does not have."""
+        """The mode's options dataclass: its defaults, then its `non_iid_options` on a
+        non-IID partition, with `options` laid over them. ConfigError naming the flag of an
+        option the mode does not have."""
+        data = self.spec.non_iid_options if self.effective_partition in NON_IID else {}
         try:
-            return self.spec.make_options(self.options)
+            return self.spec.make_options({**data, **self.options})
         except ValueError as err:
             raise ConfigError(f"options: {err}") from None
 
@@ -287,7 +290,7 @@ class Config:
         for name in ("inject_alpha", "inject_beta"):
             if not 0 < getattr(self, name) <= 1:
                 raise bad(name, "a fraction in (0, 1]")
-        if self.inject and self.effective_partition not in ("class", "dirichlet"):
+        if self.inject and self.effective_partition not in NON_IID:
             raise bad("inject", "0 unless --partition is class or dirichlet (or -s 1): "
                                 "injection brings foreign classes to a worker that lacks them")
         if self.time_budget is not None and not 0 < self.time_budget < math.inf:

@@ -89,7 +89,13 @@ class ESyncOptions:
     overlap: bool = field(default=True, metadata={
         "flags": ("--overlap",),
         "help": "ESync: sum the weight deltas in the background while the next round's first "
-                "steps run (0/1; 0: ESync as published)"})
+                "steps run (0/1; 0: ESync as published) (default: 1; esync-outer on a "
+                "non-IID partition: 0)"})
+    max_local_steps: int = field(default=0, metadata={
+        "flags": ("--max-local-steps",),
+        "help": "end a worker's round after at most N local steps; a faster worker then "
+                "waits for the slowest: less client drift on non-IID data, less throughput "
+                "(0: no limit) (default: 0; esync-outer on a non-IID partition: 4)"})
 
     def validate(self) -> "ESyncOptions":
         from hetsync.config import invalid_option
@@ -110,7 +116,14 @@ class ESyncOptions:
                                  "none with --overlap 1 (scaffold needs --overlap 0)")
         if self.epsilon is not None and not -1 < self.epsilon < 1:
             raise invalid_option(self, "epsilon", "auto or a fraction in (-1, 1)")
+        if self.max_local_steps < 0:
+            raise invalid_option(self, "max_local_steps", "an integer >= 1, or 0 (no limit)")
         return self
+
+
+def at_step_limit(steps: int, max_local_steps: int) -> bool:
+    """Whether a round of `steps` local steps has reached `--max-local-steps` (0: none)."""
+    return 0 < max_local_steps <= steps
 
 
 def global_update(defaults: dict[str, Any], options: ESyncOptions) -> dict[str, Any]:
@@ -250,6 +263,8 @@ class ESync(Mode):
             self._deadline = step.started + answer.time_left
             self._epsilon = answer.epsilon
             self._planned = answer.steps_left  # the report was made at k = 0
+        if at_step_limit(self.local_steps + 1, self.options.max_local_steps):
+            return Action.AVERAGE_MODELS
         # A planned step may overrun the round by the server's margin (it was planned: it
         # only ran slow); one beyond the plan (the steps ran fast) must fit in the time left.
         margin = self._epsilon if self.local_steps + 1 < self._planned else 0.0
@@ -344,7 +359,8 @@ class ESync(Mode):
         self._load(self._global, self._global_stats)
 
     def describe(self) -> dict[str, Any]:
-        return {"global_update": self.settings}
+        return {"global_update": self.settings, "overlap": bool(self.options.overlap),
+                "max_local_steps": self.options.max_local_steps}
 
     def state_dict(self) -> dict[str, Any]:
         """Round, the global weights and BatchNorm statistics, and the recent step times.
@@ -385,5 +401,9 @@ register(ModeSpec("esync", ESync, "local steps until the state server says the s
                   options=ESyncOptions, state_server=True,
                   lr_note="local rate, global 1"))
 register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
-                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta",
-                  options=ESyncOptions, state_server=True, lr_note="local rate, outer 0.7"))
+                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta; on non-IID "
+                  "data blocking rounds of at most 4 local steps",
+                  options=ESyncOptions, state_server=True, lr_note="local rate, outer 0.7",
+                  # measured (results/levers-drift.md): the background sum's extra steps
+                  # and the fastest worker's 8 steps a round are what drift on label skew
+                  non_iid_options={"overlap": False, "max_local_steps": 4}))

@@ -61,6 +61,8 @@ class ModeSpec:
         baseline: a scheme of PyTorch's own, run by the bench beside hetsync's.
         resolve: ``options -> name`` of the mode the run really is, for a mode whose options
             select another (ESync's ``-m async -dcasgd 1`` is ``dcasgd``).
+        non_iid_options: option values the mode takes on a non-IID partition (``class``,
+            ``dirichlet``) where the command line does not give them.
     """
 
     name: str
@@ -76,6 +78,7 @@ class ModeSpec:
     max_workers: int | None = None
     min_workers: int = 1
     baseline: bool = False
+    non_iid_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     resolve: Callable[[Any], str] | None = None
 
     def __post_init__(self) -> None:
