@@ -224,6 +224,8 @@ CASES = [
     (L + ["--timeout", "0"], "--timeout: invalid value 0.0"),
     (L + ["--timeout", "-5"], "--timeout: invalid value -5.0"),
     (L + ["--timeout", "1e300"], "--timeout: invalid value 1e+300"),
+    (L + ["--regroup-grace", "0"], "--regroup-grace: invalid value 0.0; expected a number"),
+    (L + ["--timeout", "10", "--regroup-grace", "30"], "--regroup-grace: invalid value 30.0"),
     (L + ["--slowdowns", "1,2,4,1e300"], "--slowdowns: invalid value (1.0, 2.0, 4.0, 1e+300)"),
     (L + ["--straggle-prob", "0.1", "--straggle-delay", "1e300"], "--straggle-delay: invalid value '1e300'"),
     (L + ["--straggle-delay", "5000x"], "--straggle-delay: invalid value '5000x'"),

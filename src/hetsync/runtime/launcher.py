@@ -181,8 +181,8 @@ class Cluster:
         """Go on without the worker `name` that died, where the mode can — an asynchronous
         mode (each worker talks only to the parameter server, agreement through the store),
         or one whose workers regroup (`Config.regroups`: ESync in the background,
-        eager-SGD) — and it is any worker but rank 0, which hosts the store, evaluates and decides when to stop.
-        Whether it can."""
+        eager-SGD) — and it is any worker but rank 0, which hosts the store, evaluates and
+        decides when to stop. Whether it can."""
         rank = name.removeprefix("rank-")
         goes_on = (self.cfg.needs_ps and self.cfg.spec.asynchronous) or self.cfg.regroups
         if not (goes_on and rank.isdigit() and int(rank) != 0):

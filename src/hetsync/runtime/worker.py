@@ -155,7 +155,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     if cfg.regroups and cfg.workers > 1:
         from hetsync.runtime.membership import Membership
 
-        membership = Membership(store, rank, workers, timeout=cfg.timeout)
+        membership = Membership(store, rank, workers, timeout=cfg.timeout,
+                                grace=cfg.regroup_grace)
         mode.comm.channel.alarm = membership.alarm
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
