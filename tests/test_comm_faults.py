@@ -143,6 +143,8 @@ def _worker_dies_mid_request(rank: int, world_size: int, when: str):
             header = Header(op=Op.PUSH_PULL, sender=1, seq=0, **describe(torch.ones(1000)))
             dist.send(header.encode(), server, tag=TAG_REQUEST)
         elif when == "in its header":  # the server's any-source receive fails mid-message
+            # (a message long enough to be in transfer when the process dies; gloo waits for
+            # the rest of it, and fails with "connection closed" once the sender is gone)
             dist.isend(torch.ones(30_000_000, dtype=torch.int64), server, tag=TAG_REQUEST)
             time.sleep(0.05)
         else:

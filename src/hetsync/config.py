@@ -145,8 +145,8 @@ class Config:
     regroup_grace: float = field(default=5.0, metadata={
         "flags": ("--regroup-grace",),
         "help": "after a worker is lost (modes that go on without it): seconds rank 0 waits "
-                "for every survivor to register; one still in a longer step is left out, "
-                "at most --timeout"})
+                "for every survivor to register; one still in a longer step is left out "
+                "(capped at --timeout)"})
     plugins: tuple[str, ...] = field(default=(), metadata={
         "flags": ("--plugin",), "parser": "names",
         "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})
@@ -318,9 +318,9 @@ class Config:
         if not 0 < self.timeout <= MAX_WAIT_S:
             raise bad("timeout", f"a finite number of seconds > 0, at most {MAX_WAIT_S:g} (a "
                                  f"week)")
-        if not 0 < self.regroup_grace <= self.timeout:
-            raise bad("regroup_grace", f"a number of seconds > 0, at most --timeout "
-                                       f"({self.timeout:g})")
+        if not 0 < self.regroup_grace <= MAX_WAIT_S:  # (the wait is capped at --timeout)
+            raise bad("regroup_grace", f"a finite number of seconds > 0, at most "
+                                       f"{MAX_WAIT_S:g}")
         if self.state_port not in PORTS:
             raise bad("state_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
         if self.gpu < -1:

@@ -177,6 +177,8 @@ class EagerSGD(Mode):
         """Run the final round with every worker, apply what is left, stop the engine."""
         if self._engine_job is not None:
             self.engine.finish()
+            # (the first engine's job was submitted in setup, before the channel had an alarm)
+            self._engine_job.alarm = self.comm.channel.alarm
             with self.comm.clock.phase("wait"):  # two rounds at most: the stop's, the final
                 self._engine_job.result(within=2 * self.comm.timeout)
             self._apply_rounds()

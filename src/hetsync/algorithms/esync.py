@@ -94,8 +94,9 @@ class ESyncOptions:
     max_local_steps: int = field(default=0, metadata={
         "flags": ("--max-local-steps",),
         "help": "end a worker's round after at most N local steps; a faster worker then "
-                "waits for the slowest: less client drift on non-IID data, less throughput "
-                "(0: no limit) (default: 0; esync-outer on a non-IID partition: 4)"})
+                "waits for the slowest's sum (with --overlap 1: after its next round's steps): "
+                "less client drift on non-IID data, less throughput (0: no limit) (default: "
+                "0; esync-outer on a non-IID partition: 4)"})
 
     def validate(self) -> "ESyncOptions":
         from hetsync.config import invalid_option

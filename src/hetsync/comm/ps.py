@@ -141,7 +141,7 @@ class ParameterServer:
        of a request (its payload, or the reply to it, fails) is lost at once: recorded in
        ``stats.lost`` and served no more; the others go on. One that dies in the middle of
        its header fails the any-source receive, which names no sender: the server receives
-       again, and that worker is lost when it stays silent.
+       again, and that worker is lost when it stays silent past ``linger``.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
