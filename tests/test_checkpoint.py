@@ -198,6 +198,32 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert summary["complete"]
 
 
+@pytest.mark.slow
+def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hetsync", "launch", "-m", "esync", "--workers", "4",
+           "--slowdowns", "1,2,2,2", "--time-budget", "30", "--eval-interval", "1",
+           "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
+           "--timeout", "10", "--regroup-grace", "5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "worker-2.jsonl").exists() or not _rounds(run, 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    os.kill(_pid_of_rank(run, 1), signal.SIGKILL)
+    # rank 2 registers for the regroup at once; rank 0 waits the grace for rank 1, and rank 2
+    # dies within it: the groups it was counted in are never made
+    time.sleep(2.0)
+    os.kill(_pid_of_rank(run, 2), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert json.loads((run / "run.json").read_text())["lost_workers"] == [1, 2], out
+    logs = [(run / "logs" / f"rank-{r}.log").read_text() for r in (0, 3)]
+    assert all("going on without rank(s) 1, 2" in log for log in logs), logs
+    ends = [_rounds(run, rank)[-3:] for rank in (0, 3)]  # on together, to the end
+    assert ends[0] == ends[1] and ends[0][0] > max(_rounds(run, 2)), (ends, out)
+
+
 def test_the_data_position_resumes_at_the_next_batch():
     import numpy as np
 

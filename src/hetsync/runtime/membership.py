@@ -18,7 +18,9 @@ the others at the channel's timeout. So that nobody waits that long:
    ascending, and the channel's, descending (torch names such a group after its rank list:
    the two must differ).
 
-A rank left out (it registered too late) stops with an error naming the regroup. Ranks keep
+A member lost while the groups are made (after it registered) never connects: making them
+fails at the timeout, and the members regroup again (`rebuild`), without it. A rank left out
+(it registered too late) stops with an error naming the regroup. Ranks keep
 their numbers: a group's ranks are global ranks, so records, shards and the state server's
 reports stay as they were.
 """
@@ -87,9 +89,21 @@ class Membership:
 
     def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
         """The members' new groups, made by them alone: (main thread's, channel's); None for
-        a worker left alone."""
+        a worker left alone. Waits at most the timeout for every member to connect."""
         if len(self.members) == 1:
             return None, None
-        return (dist.new_group(self.members, use_local_synchronization=True),
-                dist.new_group(self.members[::-1], use_local_synchronization=True,
-                               sort_ranks=False))
+        wait = datetime.timedelta(seconds=self.timeout)
+        return (dist.new_group(self.members, timeout=wait, use_local_synchronization=True),
+                dist.new_group(self.members[::-1], timeout=wait,
+                               use_local_synchronization=True, sort_ranks=False))
+
+    def rebuild(self, cause: BaseException) -> tuple[list[int], tuple]:
+        """`regroup`, then `groups`; if a member is lost while they are made, regroup again
+        without it. Returns the members and their groups; raises as `regroup` does."""
+        while True:
+            members = self.regroup(cause)
+            try:
+                return members, self.groups()
+            except Exception as exc:  # noqa: BLE001 - gloo's own error, or its timeout
+                cause = CommError(f"regroup {self.generation - 1}: the groups of members "
+                                  f"{members} were not made: {exc}", op="regroup")

@@ -407,8 +407,8 @@ class TrainingLoop:
         `err` where the run cannot go on."""
         if self.membership is None:
             raise err
-        members = self.membership.regroup(err)
-        self.mode.comm.regroup(members, *self.membership.groups())
+        members, groups = self.membership.rebuild(err)
+        self.mode.comm.regroup(members, *groups)
         self.mode.rejoin()
         counts = self.mode.comm.broadcast(torch.tensor([st.samples_seen, self._evaluations],
                                                    dtype=torch.float64))
