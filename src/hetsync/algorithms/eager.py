@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
-                                     set_gradients)
+                                     set_gradients, unflatten_into)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -151,11 +151,7 @@ class EagerSGD(Mode):
                         for m, p in zip(momenta, params)]
         else:
             self.optimizer.state.clear()
-        flat = self.comm.broadcast(flatten([t.detach() for t in tensors]))
-        offset = 0
-        for t in tensors:
-            t.data.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        unflatten_into(self.comm.broadcast(flatten([t.detach() for t in tensors])), tensors)
         if head[0]:
             for p, m in zip(params, tensors[-len(params):]):
                 self.optimizer.state[p]["momentum_buffer"] = m
@@ -177,8 +173,6 @@ class EagerSGD(Mode):
         """Run the final round with every worker, apply what is left, stop the engine."""
         if self._engine_job is not None:
             self.engine.finish()
-            # (the first engine's job was submitted in setup, before the channel had an alarm)
-            self._engine_job.alarm = self.comm.channel.alarm
             with self.comm.clock.phase("wait"):  # two rounds at most: the stop's, the final
                 self._engine_job.result(within=2 * self.comm.timeout)
             self._apply_rounds()

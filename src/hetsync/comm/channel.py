@@ -138,9 +138,13 @@ class Channel:
             self._queued += 1
             ahead = self._queued
         deadline = float("inf") if long_running else time.monotonic() + ahead * self.timeout
-        job = ChannelFuture(what, deadline, self.timeout, self.alarm)
+        job = ChannelFuture(what, deadline, self.timeout, self._alarm_went_off)
         self._jobs.put((fn, job))
         return job
+
+    def _alarm_went_off(self) -> bool:
+        """The alarm as it is when a wait looks (it may be set after a job was submitted)."""
+        return self.alarm is not None and self.alarm()
 
     def _run(self) -> None:
         while True:
