@@ -132,7 +132,9 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "hetsync", "launch", *FAMILIES[family], "--time-budget", "8",
            "--eval-interval", "0.5", "--checkpoint-every", "2", "-ld", str(tmp_path),
-           "--run-name", "run", "--quiet", "--no-figures", "--timeout", "30"]
+           "--run-name", "run", "--quiet", "--no-figures", "--timeout", "30",
+           # rank 0 waits the whole grace for the dead rank: 2 s of the 8 s, not 5
+           "--regroup-grace", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # kill rank 1 at a random moment once both workers wrote a checkpoint
     deadline = time.monotonic() + 120
