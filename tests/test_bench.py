@@ -126,6 +126,11 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
         assert run.cfg.partition == "shared"
     swept = modes.make_run(args, base, "sync", best_of_sweep({0.1: 0.5}), run_name="sync-lr0.1")
     assert swept.cfg.run_name == "sync-lr0.1" and swept.cfg.lr == 0.1
+    trial = modes.sweep_config(base, 60.0, tmp_path)
+    # a trial is judged by its final accuracy: as long as asked, evaluated at its end only
+    assert (trial.time_budget, trial.epochs, trial.eval_every, trial.eval_interval) == \
+        (60.0, None, 0, 60.0)
+    assert trial.log_dir == str(tmp_path / "sweep") and trial.network == base.network
 
 
 # ---------------------------------------------------------------------- real processes
