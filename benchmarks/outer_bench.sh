@@ -6,9 +6,8 @@
 #   1. the 1,2,4,8 demo cluster, LeNet, Fashion-MNIST, i.i.d.: local (sequential SGD on the
 #      fastest device alone), sync, esync (as published), esync-outer (the launch default),
 #      async; each at the rate of 0.05/0.1/0.2 with the best final accuracy after a trial as
-#      long as the runs (60 s: the best rate depends on the horizon; the 6 s trial of the
-#      f2c3cf3 table picked esync-outer's 0.1, whose 60 s runs end about
-#      0.3 points below 0.05's), then 60 s, seeds 0-2;
+#      long as the runs (60 s, evaluated at its end: the best rate depends on the horizon,
+#      and the table's final accuracy is after 60 s), then 60 s, seeds 0-2;
 #   2. the same cluster on non-IID data, esync, esync-outer, sync, async, each at the best of
 #      0.05/0.1/0.2, 60 s, seeds 0-2: (a) --partition class, ESync's -s 1: each worker a
 #      block of classes; (b) --partition dirichlet --dirichlet-alpha 0.1. (esync-outer runs
