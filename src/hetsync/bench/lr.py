@@ -10,9 +10,10 @@ Linear scaling (Goyal et al. 2017), the default, as each mode's registry entry s
 - `async`, `dcasgd` apply one worker's gradient (batch b) at a time, and `local` is one worker:
   the base rate.
 
-`--lr-sweep` replaces the rule: every mode trains briefly at each listed rate (used as the
-mode's own rate, no scaling) and keeps the one with the best test accuracy at the end of its
-sweep run; a rate whose run diverges or fails is skipped.
+`--lr-sweep` replaces the rule: every mode trains `--sweep-budget` s at each listed rate (used
+as the mode's own rate, no scaling) and keeps the one with the best test accuracy at the end of
+its sweep run, its only evaluation; a rate whose run diverges or fails is skipped. The best
+rate depends on the horizon: a trial as long as the runs chooses for their final accuracy.
 """
 
 from __future__ import annotations
