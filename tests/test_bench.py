@@ -17,6 +17,8 @@ from hetsync.config import Config
 from hetsync.runtime.launcher import LaunchError, launch
 from hetsync.telemetry.summarize import summarize
 
+from processes import pid_of_rank
+
 SMALL = dict(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
              epochs=None, eval_interval=0.5, timeout=30.0, lr=0.1)
 BENCH_FLAGS = ["--workers", "2", "--slowdowns", "1,2", "-n", "mlp", "--dataset", "synthetic",
@@ -163,25 +165,13 @@ def test_a_killed_baseline_worker_stops_the_run(tmp_path):
     run_dir, deadline = tmp_path / "killed", time.monotonic() + 60
     while not (run_dir / "worker-1.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    pid = _pid_of_rank(run_dir, 1)
+    pid = pid_of_rank(run_dir, 1)
     assert pid is not None
     os.kill(pid, 9)
     thread.join(timeout=30)
     assert not thread.is_alive(), "the run did not stop after a worker died"
     assert "rank-1" in outcome.get("error", "")
-    assert _pid_of_rank(run_dir, 0) is None
-
-
-def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(run_dir).encode() in cmd and b"worker" in cmd and f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
+    assert pid_of_rank(run_dir, 0) is None
 
 
 @pytest.mark.slow

@@ -14,8 +14,10 @@ import pytest
 from hetsync.algorithms import registry
 
 from hetsync.config import Config
-from hetsync.runtime.launcher import LaunchError, launch
+from hetsync.runtime.launcher import launch
 from hetsync.telemetry.summarize import summarize
+
+from processes import pid_of_rank
 
 SMALL = dict(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
              epochs=None, eval_interval=1.0, timeout=30.0)
@@ -90,20 +92,6 @@ def test_on_non_iid_data_esync_outer_caps_its_rounds_at_4_local_steps(tmp_path):
     assert summarize(run_dir)["final_accuracy"] > 0.5
 
 
-def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(run_dir).encode() in cmd and b"worker" in cmd and f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
-
-
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_path):
     run_dir = tmp_path / "killed"
@@ -114,17 +102,17 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
          "--no-figures", "--timeout", "20"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not (run_dir / "worker-1.jsonl").exists() or _pid_of_rank(run_dir, 1) is None:
+    while not (run_dir / "worker-1.jsonl").exists() or pid_of_rank(run_dir, 1) is None:
         assert time.monotonic() < deadline, "the run did not start"
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
-    os.kill(_pid_of_rank(run_dir, 1), signal.SIGKILL)
+    os.kill(pid_of_rank(run_dir, 1), signal.SIGKILL)
     killed_at = time.monotonic()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "rank-1 exited with code -9" in err
     assert time.monotonic() - killed_at < 30
-    assert all(_pid_of_rank(run_dir, r) is None for r in range(3))
+    assert all(pid_of_rank(run_dir, r) is None for r in range(3))
     # What was written before the crash still reads: every record line is whole JSON.
     for rank in (0, 2):
         _records(run_dir, rank)
@@ -146,7 +134,7 @@ def test_stopping_the_launcher_leaves_no_process_behind(tmp_path, how):
     proc.send_signal(how)
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 15
-    while any(_pid_of_rank(run_dir, r) is not None for r in range(2)):
+    while any(pid_of_rank(run_dir, r) is not None for r in range(2)):
         assert time.monotonic() < deadline, "a worker outlived the launcher"
         time.sleep(0.2)
     if how != signal.SIGKILL:
