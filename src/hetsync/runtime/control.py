@@ -97,7 +97,10 @@ class StoreJoin:
     2. `wait_for_all` adds this worker to the count, then polls it (calling `meanwhile`: e.g.
        eager-SGD applies the rounds its engine still takes part in) until it is P;
     3. a worker that has neither joined nor beaten for `timeout` seconds is named in a
-       `CommTimeoutError`: dead or stuck, it is not waited for forever.
+       `CommTimeoutError`: dead or stuck, it is not waited for forever;
+    4. every worker that saw the count reach P says so (`left`); worker 0, whose process
+       holds the store, waits (at most `timeout`) until all have, so that no worker still
+       polling finds the store gone.
     """
 
     BEAT_EVERY = 1.0  # seconds
@@ -139,6 +142,12 @@ class StoreJoin:
                         f"worker {r} has neither stepped nor finished for {self.timeout:g} s "
                         f"while this one waits for every worker to finish (dead or stuck?)",
                         op="wrap/join", seconds=self.timeout)
+        self.store.add(self._key("left"), 1)
+        if self.rank == 0:  # a worker that dies now has finished: it is not waited for long
+            end = time.monotonic() + self.timeout
+            while (int(self.store.add(self._key("left"), 0)) < self.workers
+                   and time.monotonic() < end):
+                time.sleep(self.POLL)
 
 
 class Departures:
