@@ -40,6 +40,13 @@ def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_oth
     assert Config.from_dict(cfg.to_dict()).mode_options() == cfg.mode_options()
 
 
+def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
+    cfg = _launch("-m", "local").validate()
+    assert (cfg.workers, cfg.slowdowns) == (1, (1.0,))
+    cfg = _launch("-m", "local", "--slowdowns", "4").validate()  # a flag wins
+    assert (cfg.workers, cfg.slowdowns) == (1, (4.0,))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["-m", "sync", "-ll", "0.1"],
      "-ll/--local-lr: is an option of modes esync, esync-outer, not of -m sync"),
@@ -50,7 +57,8 @@ def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_oth
     (["-m", "post-local-sgd", "--localsgd-period", "0"], "--localsgd-period: invalid value 0"),
     (["-m", "ddp", "--collective", "ring"], "--collective: invalid value 'ring'; expected "
                                             "native with -m ddp"),
-    (["-m", "local"], "--workers: invalid value 4; expected at most 1 with -m local"),
+    (["-m", "local", "--workers", "4"], "--workers: invalid value 4; expected at most 1 "
+                                        "with -m local"),
     (["--plugin", "no_such_module_here"], "--plugin: plugin module 'no_such_module_here'"),
     (["-m", "ddp", "--workers", "1", "--slowdowns", "1"], "--workers: invalid value 1; "
                                                           "expected at least 2 with -m ddp"),
