@@ -5,6 +5,7 @@ with processes in test_modes.py and test_wrap.py)."""
 import threading
 import time
 
+import pytest
 import torch.distributed as dist
 
 from hetsync.comm.errors import CommTimeoutError
@@ -65,3 +66,15 @@ def test_a_worker_that_never_joins_nor_steps_is_named_within_the_timeout():
         _, _, err = out[rank]
         assert isinstance(err, CommTimeoutError) and "worker 2" in str(err)
     assert out[0][0] - started < 5.0
+
+
+def test_worker_0_names_a_worker_that_joined_but_died_before_reading_the_end():
+    store = dist.HashStore()
+    store.set("t/joined/2", "1")  # worker 2 joined, then died
+    store.add("t/joined", 1)
+    other = threading.Thread(target=StoreJoin(store, "t", 1, 3, 1.0).wait_for_all)
+    other.start()
+    with pytest.warns(RuntimeWarning, match=r"worker\(s\) \[2\] joined .* within 1 s"):
+        StoreJoin(store, "t", 0, 3, 1.0).wait_for_all()
+    other.join(5)
+    assert not other.is_alive()

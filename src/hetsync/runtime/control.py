@@ -13,6 +13,7 @@ one atomic add per round for the sample count, one read of the stop key.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -98,9 +99,10 @@ class StoreJoin:
        eager-SGD applies the rounds its engine still takes part in) until it is P;
     3. a worker that has neither joined nor beaten for `timeout` seconds is named in a
        `CommTimeoutError`: dead or stuck, it is not waited for forever;
-    4. every worker that saw the count reach P says so (`left`); worker 0, whose process
-       holds the store, waits (at most `timeout`) until all have, so that no worker still
-       polling finds the store gone.
+    4. every worker says when it reads the count no more (`left`: it saw P, or gave up);
+       worker 0, whose process holds the store unless torchrun's agent does, waits (at
+       most `timeout`, then warns) until all have, so that none still polling finds the
+       store gone.
     """
 
     BEAT_EVERY = 1.0  # seconds
@@ -121,10 +123,21 @@ class StoreJoin:
             self._last_beat = now
 
     def wait_for_all(self, meanwhile=lambda: None) -> None:
-        from hetsync.comm.errors import CommTimeoutError
-
         self.store.set(self._key("joined", self.rank), "1")
         self.store.add(self._key("joined"), 1)
+        try:
+            self._until_all_joined(meanwhile)
+        finally:  # this worker reads the count no more, whether it saw P or gave up
+            try:
+                self.store.set(self._key("left", self.rank), "1")
+            except Exception:  # noqa: BLE001 - the store is gone: nobody waits for this
+                pass
+        if self.rank == 0:
+            self._until_all_left()
+
+    def _until_all_joined(self, meanwhile) -> None:
+        from hetsync.comm.errors import CommTimeoutError
+
         others = [r for r in range(self.workers) if r != self.rank]
         seen = {r: (None, time.monotonic()) for r in others}
         while int(self.store.add(self._key("joined"), 0)) < self.workers:
@@ -142,12 +155,22 @@ class StoreJoin:
                         f"worker {r} has neither stepped nor finished for {self.timeout:g} s "
                         f"while this one waits for every worker to finish (dead or stuck?)",
                         op="wrap/join", seconds=self.timeout)
-        self.store.add(self._key("left"), 1)
-        if self.rank == 0:  # a worker that dies now has finished: it is not waited for long
-            end = time.monotonic() + self.timeout
-            while (int(self.store.add(self._key("left"), 0)) < self.workers
-                   and time.monotonic() < end):
-                time.sleep(self.POLL)
+
+    def _until_all_left(self) -> None:
+        """Worker 0: wait (at most `timeout`) until every worker has read the count for the
+        last time; one that has not by then (it died after joining) is named in a warning."""
+        end = time.monotonic() + self.timeout
+        while True:
+            staying = [r for r in range(self.workers)
+                       if not self.store.check([self._key("left", r)])]
+            if not staying:
+                return
+            if time.monotonic() >= end:
+                warnings.warn(f"hetsync: worker(s) {staying} joined the end of the run but did "
+                              f"not read it within {self.timeout:g} s (dead?); worker 0 leaves "
+                              f"without them", RuntimeWarning, stacklevel=3)
+                return
+            time.sleep(self.POLL)
 
 
 class Departures:
