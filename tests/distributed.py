@@ -52,24 +52,29 @@ def _entry(fn, rank, world_size, port, pg_timeout, args, results):
                 pass
 
 
-def _context() -> mp.context.BaseContext:
-    """A fork server that has imported torch once, for every rank of every test: a rank starts
-    in milliseconds instead of seconds (torch, and the torch._dynamo that the first optimizer
-    imports). It imports nothing that starts a thread or touches a GPU, so forking it is safe."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "hetsync"])
+def _context(start: str) -> mp.context.BaseContext:
+    """`forkserver`: a server that imported torch and hetsync once forks every rank of every
+    test, which then starts in milliseconds instead of seconds (torch, and the torch._dynamo
+    the first optimizer imports). The server imports nothing that starts a thread. Its ranks
+    see the environment the server started with, not later changes to os.environ; `spawn`
+    (a fresh interpreter per rank) is for ranks that use a GPU."""
+    ctx = mp.get_context(start)
+    if start == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo",
+                                    "hetsync.distributed_optimizer"])
     return ctx
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               timeout: float = 120.0, pg_timeout: float = 60.0,
-              allow_failures: bool = False) -> list[Any]:
+              allow_failures: bool = False, start: str = "forkserver") -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo processes; return per-rank results.
 
     With `allow_failures`, a rank that raised yields an `Exception` carrying its traceback
-    instead of failing the whole call (for fault-injection tests).
+    instead of failing the whole call (for fault-injection tests). `start`: how the ranks
+    start (see `_context`).
     """
-    ctx = _context()
+    ctx = _context(start)
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, pg_timeout, args, results),

@@ -206,7 +206,9 @@ def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_pat
     while not all((run / f"worker-{r}.jsonl").exists() and _rounds(run, r) for r in (1, 2)):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.1)
-    os.kill(pid_of_rank(run, 1), signal.SIGKILL)
+    pid = pid_of_rank(run, 1)
+    assert pid is not None, "rank 1 is not running"
+    os.kill(pid, signal.SIGKILL)
     # rank 2 registers for the regroup at once; rank 0 waits the grace for rank 1, and rank 2
     # dies within it: the groups it was counted in are never made
     time.sleep(2.0)

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hetsync.cli import LAUNCH_DEFAULTS, build_parser
+from hetsync.cli import build_parser, launch_config
 from hetsync.config import Config, ConfigError, config_from_args, flag_table, parser_for
 
 
 def _launch(*argv) -> Config:
-    args = build_parser().parse_args(["launch", *argv])
-    return config_from_args(args, LAUNCH_DEFAULTS)
+    return launch_config(build_parser().parse_args(["launch", *argv]))
 
 
 def test_a_modes_options_come_from_its_own_flags():

@@ -61,7 +61,7 @@ def _wrapped_cuda(rank, world):
 
 
 def test_a_wrapped_cuda_model_over_gloo_ends_as_one_model():
-    a, b = run_ranks(_wrapped_cuda, 2, timeout=120)
+    a, b = run_ranks(_wrapped_cuda, 2, timeout=120, start="spawn")  # (no CUDA after fork)
     torch.testing.assert_close(a, b)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -46,14 +47,32 @@ def preflight(cfg: Config) -> None:
 def cmd_launch(args) -> int:
     from hetsync.runtime.launcher import launch
 
-    base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
-    cfg = config_from_args(args, base)
-    if args.resume:
-        _check_resumable(base, cfg, args.resume)
+    cfg = launch_config(args)
     preflight(cfg)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
            resume=args.resume, live=not args.no_live)
     return 0
+
+
+def launch_config(args) -> Config:
+    """What `hetsync launch` runs: its defaults (or the resumed run's config) with the flags
+    given laid over them."""
+    base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
+    cfg = config_from_args(args, base)
+    if args.resume:
+        _check_resumable(base, cfg, args.resume)
+        return cfg
+    return _on_the_fastest_devices(cfg, given=vars(args))
+
+
+def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
+    """A mode of fewer workers than launch's demo cluster (sequential SGD, at most 1) without
+    --workers: the cluster's fastest devices, as the bench runs it."""
+    most = cfg.spec.max_workers
+    if most is None or cfg.workers <= most or "workers" in given:
+        return cfg
+    slowdowns = cfg.slowdowns if "slowdowns" in given else sorted(cfg.slowdowns)[:most]
+    return dataclasses.replace(cfg, workers=most, slowdowns=tuple(slowdowns))
 
 
 def _resumed_config(run_dir: str) -> Config:

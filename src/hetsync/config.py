@@ -706,12 +706,6 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
     if given.get("time_budget") is not None and "epochs" not in given:
         given["epochs"] = None  # a time budget given alone is the stopping rule
     cfg = dataclasses.replace(base, **given)
-    most = cfg.spec.max_workers
-    if most is not None and cfg.workers > most and "workers" not in given:
-        # a mode of fewer workers than the base's cluster (sequential SGD on launch's demo
-        # cluster): the cluster's fastest devices, as the bench runs it
-        slowdowns = cfg.slowdowns if "slowdowns" in given else sorted(cfg.slowdowns)[:most]
-        cfg = dataclasses.replace(cfg, workers=most, slowdowns=tuple(slowdowns))
     options = given_options(args, cfg.spec, cfg.mode)
     return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
 
