@@ -1,10 +1,11 @@
 """Run a function on P real torch.distributed (gloo) processes on loopback.
 
 Used by the multi-process tests: `run_ranks(fn, world_size, *args)` starts `world_size`
-processes (forked from a server that imported torch once), each calling `fn(rank, world_size, *args)` inside an initialised gloo process
-group, and returns the values they returned (which must be picklable: they travel back
-through a multiprocessing queue, never through torch.distributed). A rank that raises fails
-the call with its traceback; a rank that hangs is killed after `timeout` seconds.
+processes (forked from a server that imported torch once), each calling
+`fn(rank, world_size, *args)` inside an initialised gloo process group, and returns the
+values they returned (which must be picklable: they travel back through a multiprocessing
+queue, never through torch.distributed). A rank that raises fails the call with its
+traceback; a rank that hangs is killed after `timeout` seconds.
 """
 
 from __future__ import annotations
