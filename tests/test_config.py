@@ -12,7 +12,7 @@ from hetsync.config import Config, ConfigError, config_from_args, flag_table, pa
 
 
 def _launch(*argv) -> Config:
-    return launch_config(build_parser().parse_args(["launch", *argv]))
+    return launch_config(build_parser().parse_args(["launch", *argv]))[0]
 
 
 def test_a_modes_options_come_from_its_own_flags():

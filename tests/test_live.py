@@ -85,7 +85,11 @@ def test_the_page_of_a_launch_lists_every_worker_and_changes_as_it_goes_on(tmp_p
          "--slowdowns", "1,2", "--time-budget", "12", "-ld", str(tmp_path), "--run-name", "demo",
          "--no-figures", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url = re.search(r"live page: (http://127\.0\.0\.1:\d+/)", proc.stdout.readline()).group(1)
+        for line in proc.stdout:  # (after the lines on the emulated devices)
+            found = re.search(r"live page: (http://127\.0\.0\.1:\d+/)", line)
+            if found:
+                break
+        url = found.group(1)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # until both workers have records
             data = json.loads(urllib.request.urlopen(url + "data", timeout=5).read())
@@ -101,6 +105,9 @@ def test_the_page_of_a_launch_lists_every_worker_and_changes_as_it_goes_on(tmp_p
     assert all(row[1] == "cpu" for row in before)
     assert int(after[0][2]) > int(before[0][2])  # rounds went on between the two looks
     assert int(after[0][7]) > int(before[0][7])  # and so did the samples
+    for row in after:  # each device's measured speed beside its nominal one
+        speed, nominal = (float(x.replace(",", "")) for x in row[8:10])
+        assert 0 < speed and 0 < nominal
     assert proc.returncode == 0
 
 

@@ -73,3 +73,77 @@ def test_esync_outer_defaults_and_flags_override_them():
     assert global_update(ESyncOuter.defaults, given) == {
         "global_lr": 0.5, "outer_momentum": 0.9, "weighting": "fednova",
         "drift_correction": "scaffold"}
+
+
+def _lookahead_run(rank, world, steps, every, lr, momentum):
+    """The `lookahead` mode on one real gloo rank: its slow weights after `steps` steps."""
+    import torch.distributed as dist
+
+    from hetsync.algorithms import Step, registry
+    from hetsync.algorithms.base import flatten
+    from hetsync.runtime.assembly import assemble
+
+    from tiny import SmallNet
+
+    spec = registry.get("lookahead")
+    torch.manual_seed(0)
+    model = SmallNet()
+    start = flatten(list(model.parameters())).clone()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    options = spec.make_options({"lookahead_steps": every, "lookahead_lr": lr,
+                                 "lookahead_momentum": momentum})
+    assembly = assemble(spec, options, model, opt, rank=0, workers=1,
+                        group=dist.new_group([0]), timeout=30)
+    algo = assembly.mode
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g))
+               for _ in range(steps)]
+    for i, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(algo.module(x), y).backward()
+        algo.poll()
+        algo.apply(algo.decide(Step(float(i), i + 0.01)))
+    with algo.global_model():
+        slow = flatten(list(model.parameters())).clone()
+    rounds = algo.round
+    algo.finish()
+    assembly.close()
+    return start, batches, slow, rounds
+
+
+def _sgd_from(weights, batches, lr=0.1):
+    """Plain SGD steps of SmallNet from `weights` on `batches`; the weights after them."""
+    from hetsync.algorithms.base import flatten, unflatten_into
+
+    from tiny import SmallNet
+
+    model = SmallNet()
+    unflatten_into(weights, list(model.parameters()))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return flatten(list(model.parameters())).detach().clone()
+
+
+@pytest.mark.slow
+def test_lookahead_is_an_outer_nesterov_step_every_k_steps():
+    from distributed import run_ranks
+
+    # K = 1, outer rate 1, no momentum: plain SGD
+    (start, batches, slow, rounds), = run_ranks(_lookahead_run, 1, 4, 1, 1.0, 0.0)
+    torch.testing.assert_close(slow, _sgd_from(start, batches))
+    assert rounds == 5  # counted from 1: four done, the fifth under way
+    # K = 3, rate 0.5, momentum 0.9: SGD's 3 steps from the slow weights, then Nesterov on
+    # their difference (torch.optim.SGD on the pseudo-gradient -D); 7 steps: 2 rounds, and
+    # the last step's weights are in no outer step
+    (start, batches, slow, rounds), = run_ranks(_lookahead_run, 1, 7, 3, 0.5, 0.9)
+    param = torch.nn.Parameter(start.clone())
+    outer = torch.optim.SGD([param], lr=0.5, momentum=0.9, nesterov=True)
+    for k in range(2):
+        fast = _sgd_from(param.detach().clone(), batches[3 * k:3 * k + 3])
+        param.grad = param.detach() - fast
+        outer.step()
+    torch.testing.assert_close(slow, param.detach())
+    assert rounds == 3

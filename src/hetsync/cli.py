@@ -14,10 +14,11 @@ from hetsync.config import (ArgumentParser, Config, ConfigError, add_config_argu
                             unwritable_dir)
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
-#: local rate on 4 emulated workers of speeds 1, 1/2, 1/4, 1/8 (about 1.9 cores of work: it
-#: fits a 2-core machine), LeNet, real Fashion-MNIST.
+#: local rate on 4 emulated workers of relative speeds 1, 1/2, 1/4, 1/8 (1.9 cores of work,
+#: scaled to fit the machine: `runtime/emulation.py`), LeNet, real Fashion-MNIST, evaluated
+#: by a process of its own while the run goes on.
 LAUNCH_DEFAULTS = Config(mode="esync-outer", workers=4, slowdowns=(1.0, 2.0, 4.0, 8.0),
-                         epochs=None, time_budget=90.0, lr_schedule="cosine")
+                         epochs=None, time_budget=90.0, lr_schedule="cosine", evaluator=True)
 WORKER_DEFAULTS = Config(mode="local", workers=1)
 
 
@@ -30,10 +31,11 @@ def _progress_printer(stream=sys.stdout):
     return show
 
 
-def preflight(cfg: Config) -> None:
+def preflight(cfg: Config):
     """What launch checks before it starts a process, so that a mistake is one line here
     rather than a worker's error relayed: every flag, the state server's address (it is
-    started on it), the GPU, and the data (found, readable, one batch for every worker)."""
+    started on it), the GPU, and the data (found, readable, one batch for every worker).
+    Returns the data."""
     from hetsync.data import load_dataset
     from hetsync.runtime.worker import pick_device
 
@@ -41,28 +43,41 @@ def preflight(cfg: Config) -> None:
     if cfg.spec.state_server and cfg.bandwidth is None:  # --bandwidth: the bridge's address
         check_host("-ip/--state-server-ip", cfg.state_ip, listen=True)
     pick_device(cfg, local_rank=cfg.world_size - 1)  # -g: the highest device a rank may use
-    cfg.validate_data(load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed))
+    split = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    cfg.validate_data(split)
+    return split
 
 
 def cmd_launch(args) -> int:
+    from hetsync.runtime.emulation import with_reference_step
     from hetsync.runtime.launcher import launch
 
-    cfg = launch_config(args)
-    preflight(cfg)
+    cfg, fitted = launch_config(args)
+    split = preflight(cfg)
+    if fitted is not None:
+        print(fitted.describe(), flush=True)
+    cfg, measured = with_reference_step(cfg, split)
+    if measured is not None:
+        print(measured, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
            resume=args.resume, live=not args.no_live)
     return 0
 
 
-def launch_config(args) -> Config:
+def launch_config(args):
     """What `hetsync launch` runs: its defaults (or the resumed run's config) with the flags
-    given laid over them."""
+    given laid over them and its emulated devices fitted to the cores
+    (`runtime/emulation.py`); and that fit (None: nothing was fitted)."""
+    from hetsync.runtime.emulation import fit_config
+
     base = _resumed_config(args.resume) if args.resume else LAUNCH_DEFAULTS
     cfg = config_from_args(args, base)
     if args.resume:
         _check_resumable(base, cfg, args.resume)
-        return cfg
-    return _on_the_fastest_devices(cfg, given=vars(args))
+        return cfg, None
+    # the whole cluster is fitted, also when -m local then runs only its fastest device
+    cfg, fitted = fit_config(cfg, given_scale="speed_scale" in vars(args))
+    return _on_the_fastest_devices(cfg, given=vars(args)), fitted
 
 
 def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
@@ -230,6 +245,24 @@ def cmd_bench(args) -> int:
     return modes_main(args.rest) or 0
 
 
+def cmd_evaluate(args) -> int:
+    from pathlib import Path
+
+    from hetsync.runtime.evaluation import follow, lower_priority
+
+    priority = lower_priority()  # before torch starts a thread: they inherit it
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"RUN_DIR: {run_dir} has no config.json; expected the run directory "
+                          f"of a `hetsync launch` or `worker`")
+    print(f"hetsync evaluate: {run_dir} at {priority}"
+          f"{', until the run ends' if args.follow else ''}", file=sys.stderr, flush=True)
+    count = follow(run_dir, until_end=args.follow)
+    print(f"hetsync evaluate: {count} snapshot(s) evaluated into {run_dir / 'eval.jsonl'}",
+          file=sys.stderr, flush=True)
+    return 0
+
+
 def cmd_models(args) -> int:
     import torch
 
@@ -319,6 +352,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", choices=("modes", "comm", "state"), default="modes")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("evaluate", help="evaluate a run's deferred snapshots into its "
+                       "eval.jsonl (launch runs this beside the workers)",
+                       description="Evaluate the snapshots of the global model that a run "
+                       "with deferred evaluation wrote (RUN_DIR/snapshots/), in order, into "
+                       "RUN_DIR/eval.jsonl, at the lowest CPU priority. With --follow, as "
+                       "they are written, until the run has ended (a run started with "
+                       "--evaluator 1 leaves them to it).")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--follow", action="store_true",
+                   help="keep evaluating new snapshots until the run has ended")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("models", help="list the model zoo")
     p.set_defaults(func=cmd_models)

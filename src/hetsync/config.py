@@ -73,6 +73,8 @@ class Config:
         "help": "--lr-schedule cosine: the rate at the end, as a fraction of -l"})
     momentum: float = field(default=0.0, metadata={"flags": ("--momentum",),
                             "help": "SGD momentum of the local optimizer (ESync uses 0)"})
+    nesterov: bool = field(default=False, metadata={"flags": ("--nesterov",),
+                           "help": "Nesterov's form of --momentum in the local optimizer (0/1)"})
     gpu: int = field(default=-1, metadata={"flags": ("-g", "--gpu"),
                      "help": "GPU index to train on; -1 = CPU"})
     cpu: bool = field(default=False, metadata={"flags": ("-c", "--cpu"),
@@ -89,6 +91,11 @@ class Config:
                 "pausing the cluster; always at once with --target-acc)"})
     eval_interval: float = field(default=5.0, metadata={"flags": ("--eval-interval",),
                                  "help": "evaluate every S seconds of training time"})
+    evaluator: bool = field(default=False, metadata={"flags": ("--evaluator",),
+        "help": "deferred evaluation by a separate low-priority process (launch and bench "
+                "start it; `hetsync evaluate RUN_DIR --follow` elsewhere), which evaluates "
+                "the snapshots as they are written, so the accuracy is known while the run "
+                "goes on (0: rank 0 evaluates them after training) (0/1)"})
     checkpoint_every: int = field(default=6, metadata={"flags": ("--checkpoint-every",),
         "help": "write a checkpoint into the run directory at every N-th evaluation and at "
                 "the end (0: none); `--resume RUN_DIR` continues from the last"})
@@ -109,7 +116,22 @@ class Config:
     workers: int = field(default=4, metadata={"flags": ("--workers",),
                          "help": "number of workers"})
     slowdowns: tuple[float, ...] = field(default=(), metadata={"flags": ("--slowdowns",),
-                                         "help": "F1,F2,...: worker i sleeps (Fi-1)x its compute"})
+        "help": "F1,F2,...: worker i is an emulated device Fi times slower than the reference "
+                "(each step topped up to Fi x the reference step); relative speeds when "
+                "--speed-scale is not 1"})
+    speed_scale: float = field(default=1.0, metadata={"flags": ("--speed-scale",),
+        "help": "every device's slowdown is multiplied by this (launch and bench choose it so "
+                "that the emulated devices fit the cores; see --cores)"})
+    step_work: float | None = field(default=None, metadata={"flags": ("--step-work",),
+        "help": "the reference device's work per step, in seconds (launch and bench measure "
+                "it before the workers start; none: each worker takes the median of its "
+                "first steps)"})
+    cores: int | None = field(default=None, metadata={"flags": ("--cores",),
+        "help": "launch, bench: the cores the run may use; emulated devices must fit in them "
+                "less one (default: the CPUs this process may run on)"})
+    oversubscribe: bool = field(default=False, metadata={"flags": ("--oversubscribe",),
+        "help": "launch, bench: keep --slowdowns as given even when the devices need more "
+                "cores than there are (their speeds will not hold) (0/1)"})
     straggle_prob: float = field(default=0.0, metadata={"flags": ("--straggle-prob",),
                                  "help": "random stragglers (eager-SGD's imbalance): each "
                                          "step each worker sleeps --straggle-delay with this "
@@ -194,11 +216,17 @@ class Config:
         return self.spec.needs_parameter_server(self.collective)
 
     @property
+    def deferred(self) -> bool:
+        """Whether evaluation is deferred to snapshots evaluated off the critical path (not
+        with --target-acc, which must be known at once to stop)."""
+        return self.deferred_eval and self.target_acc is None
+
+    @property
     def regroups(self) -> bool:
         """Whether the workers regroup and go on when one is lost (`runtime/membership.py`):
         the mode can, its sums do not go through a parameter server (which waits for every
         worker), and no evaluation pauses them all in a collective."""
-        return (not self.needs_ps and self.deferred_eval and self.target_acc is None
+        return (not self.needs_ps and self.deferred
                 and self.spec.worker.goes_on_without_a_worker(self.mode_options()))
 
     @property
@@ -216,7 +244,8 @@ class Config:
                                seed=self.seed * 7919 + 104729 * (rank + 1))
 
     def slowdown_of(self, rank: int) -> float:
-        return self.slowdowns[rank] if rank < len(self.slowdowns) else 1.0
+        """Worker `rank`'s slowdown, scaled (`--speed-scale`)."""
+        return (self.slowdowns[rank] if rank < len(self.slowdowns) else 1.0) * self.speed_scale
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "Config":
@@ -255,6 +284,8 @@ class Config:
             raise bad("lr", "a finite number > 0")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "a number in [0, 1)")
+        if self.nesterov and self.momentum == 0:
+            raise bad("nesterov", "0 unless --momentum is > 0 (Nesterov's form of momentum)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise bad("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
         if not 0 <= self.lr_final <= 1:
@@ -281,6 +312,16 @@ class Config:
         if any(not 1 <= f <= MAX_SLOWDOWN for f in self.slowdowns):
             raise bad("slowdowns", f"factors in 1..{MAX_SLOWDOWN:g} (1 = full speed, 2 = half "
                                    f"speed)")
+        if not 1 <= self.speed_scale <= MAX_SLOWDOWN:
+            raise bad("speed_scale", f"a factor in 1..{MAX_SLOWDOWN:g}")
+        if any(f * self.speed_scale > MAX_SLOWDOWN for f in self.slowdowns):
+            raise bad("speed_scale", f"a factor that keeps every scaled slowdown within "
+                                     f"{MAX_SLOWDOWN:g} (the slowest is "
+                                     f"{max(self.slowdowns):g})")
+        if self.step_work is not None and not 0 < self.step_work <= MAX_WAIT_S:
+            raise bad("step_work", f"seconds in (0, {MAX_WAIT_S:g}], or none")
+        if self.cores is not None and not 1 <= self.cores <= MAX_THREADS:
+            raise bad("cores", f"an integer in 1..{MAX_THREADS}, or none")
         if not 0 <= self.straggle_prob <= 1:
             raise bad("straggle_prob", "a probability in [0, 1]")
         try:

@@ -27,7 +27,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-_BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.sync",
+_BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
+                    "hetsync.algorithms.sync",
                     "hetsync.algorithms.esync", "hetsync.algorithms.async_ps",
                     "hetsync.algorithms.eager", "hetsync.algorithms.selsync",
                     "hetsync.algorithms.gradient_dropping", "hetsync.algorithms.dgc",

@@ -52,7 +52,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
              group: dist.ProcessGroup | None, collective: str = "native",
              timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
-             state_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0, straggler=None,
+             state_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
+             straggler=None, step_work: float | None = None,
              channel_group: dist.ProcessGroup | None = None) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
@@ -66,7 +67,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     comm = CommContext(rank=rank, workers=workers, group=group, collective=collective,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
                        timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
-                                       straggler=straggler),
+                                       straggler=straggler, work=step_work),
                        device_name=device_label(device), device=device)
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect

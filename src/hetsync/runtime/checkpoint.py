@@ -27,9 +27,9 @@ The run's logs are cut back to the checkpoint (records after it are dropped) and
 so the curves continue.
 
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
-it is in the checkpoint. The snapshots of the global model that deferred evaluation keeps in
-memory go to `RUN_DIR/snapshots/` with rank 0's checkpoint (so nothing pauses for them, and a
-crash loses none); they are evaluated at the end of the run, resumed or not. Where hetsync
+it is in the checkpoint. The snapshots of the global model that deferred evaluation takes
+before a checkpoint are on disk before it (`runtime/evaluation.py`), so a crash loses none;
+those taken after it are dropped on resuming. Where hetsync
 departs from a bit-exact restart: every worker restarts from the global model, not from its
 own local model; a parameter server's rule restarts from the global weights (DC-ASGD's backups
 and DGS's per-worker snapshots are rebuilt as at a start); SelSync's injected samples are
@@ -50,7 +50,6 @@ import torch
 VERSION = 1
 KEEP = 2
 DIR = "checkpoints"
-SNAPSHOTS = "snapshots"
 
 
 class CheckpointError(RuntimeError):
@@ -153,31 +152,6 @@ class Checkpointer:
             except OSError:
                 pass
         return path
-
-
-    # -- deferred evaluation's snapshots of the global model (rank 0) -------------------
-    def spill(self, stamp: dict[str, Any], state: dict[str, torch.Tensor]) -> Path:
-        """Put a snapshot awaiting evaluation on disk (`RUN_DIR/snapshots/NNNNNN.pt`)."""
-        existing = self.spilled()
-        number = int(existing[-1].stem) + 1 if existing else 1
-        path = Path(self.run_dir) / SNAPSHOTS / f"{number:06d}.pt"
-        save_atomic(path, {"version": VERSION, "stamp": stamp, "model": state})
-        return path
-
-    def spilled(self) -> list[Path]:
-        """The snapshots on disk, oldest first."""
-        root = Path(self.run_dir) / SNAPSHOTS
-        return sorted(root.glob("[0-9]*.pt")) if root.is_dir() else []
-
-    def load_spilled(self, path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        state = load(path)
-        return state["stamp"], state["model"]
-
-    def drop_spilled_after(self, train_time: float) -> None:
-        """A resumed run: the snapshots taken after its checkpoint belong to lost work."""
-        for path in self.spilled():
-            if self.load_spilled(path)[0]["train_time"] > train_time + 1e-6:
-                path.unlink()
 
 
 def cut_jsonl(path: Path, keep) -> int:

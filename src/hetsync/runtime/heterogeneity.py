@@ -25,6 +25,13 @@ Uncontended and steady (cpu = wall = work) this is ESync's (F − 1) × work. Co
 emulated device keeps its speed, as a real one would (it has its own cores); an F = 1 worker
 never sleeps, so it keeps whatever contention it meets, as a real shared device does.
 
+`launch` and `bench` give every worker the same reference `work` instead, measured before the
+workers start, alone and warm (`runtime/emulation.py`): a worker's own first steps are slower
+(a cold start, and a device that sleeps most of its time computes on a cold cache at a lower
+clock: alone, a slowdown-15 LeNet worker measured 1.3x the reference work and ran 23 % below
+its nominal speed, at 99 % of it with the reference's), and the devices of one cluster, and of
+every run of a bench, should run at the speeds they are said to.
+
 **Random stragglers** (`RandomStraggler`), as eager-SGD's paper injects imbalance: every step,
 every worker independently sleeps a fixed delay with probability p (the paper: 320 ms on a
 ~0.3 s step with p ≈ 2/P; its code draws `rank == randint(P) or rank == randint(P)` from a
@@ -86,24 +93,29 @@ class StepTimer:
     """Times one step on the wall clock and a CPU clock, and emulates its slowdown.
 
     `begin()` before the step's data; `emulate()` after its backward (and after
-    `cuda.synchronize`): sleeps as `emulated_sleep` says for the typical work, and a random
-    straggler's delay if one is drawn, once per step.
+    `cuda.synchronize`): sleeps as `emulated_sleep` says for the typical work (`work`, when
+    given: the reference device's), and a random straggler's delay if one is drawn, once per
+    step.
     """
 
     CALIBRATION = 32
 
     def __init__(self, factor: float = 1.0, cpu_device: bool = True,
-                 straggler: RandomStraggler | None = None):
+                 straggler: RandomStraggler | None = None, work: float | None = None):
         if factor < 1:
             raise ValueError(f"slowdown factor must be >= 1, got {factor}")
+        if work is not None and not work > 0:
+            raise ValueError(f"the reference work per step must be > 0 s, got {work}")
         self.factor, self.cpu_device = factor, cpu_device
+        #: the reference work per step, fixed (None: the median of the first steps)
+        self.work = work
         self.straggler = straggler
         self._delays = straggler.draws() if straggler is not None and straggler.prob > 0 \
             else None
         self._cpu_clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
         self.started = self._cpu_started = 0.0
         self._slept = False
-        self._typical = 0.0
+        self._typical = work or 0.0
         self._work: list[float] = []
 
     def begin(self) -> float:
@@ -117,7 +129,7 @@ class StepTimer:
         self._slept = True
         wall = time.perf_counter() - self.started
         cpu = self._cpu_clock() - self._cpu_started if self.cpu_device else None
-        if len(self._work) < self.CALIBRATION:
+        if self.work is None and len(self._work) < self.CALIBRATION:
             self._work.append(wall if cpu is None else min(cpu, wall))
             self._typical = statistics.median(self._work)
         sleep = emulated_sleep(self.factor, wall, self._typical)

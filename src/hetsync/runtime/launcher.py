@@ -2,10 +2,12 @@
 
 Starts the state server (for a mode that needs one: esync), then one `hetsync worker` process
 per rank (the last one is the parameter server when the run needs one) — with `--bandwidth`,
-each on its own emulated host behind a rate-limited link (`runtime/network.py`) — shows one
-progress line for the cluster, and stops every child on Ctrl-C or as soon as one of them fails
-(its log's last lines are shown). At the end it summarises the run directory, draws the
-figures and prints the summary table.
+each on its own emulated host behind a rate-limited link (`runtime/network.py`) — and, with
+`--evaluator 1`, the evaluator (`hetsync evaluate --follow`, at the lowest CPU priority) once
+rank 0 has started the run; shows one progress line for the cluster, and stops every child on
+Ctrl-C or as soon as a worker fails (its log's last lines are shown). At the end it waits for
+the evaluator to finish the last snapshots (or evaluates them itself if the evaluator died),
+summarises the run directory, draws the figures and prints the summary table.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cores: list[int] | None):
+    """What a child runs before exec: die with the launcher, and run on `cores` (None: where
+    the launcher may; `runtime/emulation.py` places emulated devices)."""
+    def setup() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+    return setup
+
+
 class _Terminated(Exception):
     """SIGTERM reached the launcher: shut down as for Ctrl-C."""
 
@@ -79,8 +91,13 @@ class Cluster:
     #: The module every child runs as `python -m MODULE ARGS...` (a subclass may start another).
     module = "hetsync"
 
+    #: children that serve the workers: the run goes on when the evaluator fails (the
+    #: launcher evaluates what it left), and a state server is started again
+    SERVICES = ("state-server", "evaluator")
+
     def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False):
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        self.started = time.time()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -93,6 +110,10 @@ class Cluster:
         #: one when the server listens on an address other machines could reach
         self.token = os.environ.get("HETSYNC_TOKEN") or (
             None if is_loopback(cfg.state_ip) else secrets.token_urlsafe(24))
+        from hetsync.runtime.emulation import affinities
+
+        #: each child's cores, by name (the emulated devices' placement)
+        self.cores = affinities(cfg)
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
                host: int | None = None) -> subprocess.Popen:
@@ -105,7 +126,8 @@ class Cluster:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
                                      **({"HETSYNC_TOKEN": self.token} if self.token else {})},
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True,
+                                preexec_fn=_child_setup(self.cores.get(name)))
         log.close()
         self.procs[name] = proc
         return proc
@@ -165,7 +187,35 @@ class Cluster:
             self._spawn(name, args, env=env, host=None if net is None else rank)
 
     def ranks(self) -> dict[str, subprocess.Popen]:
-        return {k: p for k, p in self.procs.items() if k != "state-server"}
+        return {k: p for k, p in self.procs.items() if k not in self.SERVICES}
+
+    def evaluator_due(self) -> bool:
+        """Whether to start the evaluator now: the run evaluates in one (`--evaluator 1`,
+        deferred evaluation), and rank 0 has started this attempt (its run.json is newer than
+        the launch: a resumed run's rank 0 first cuts eval.jsonl back to the checkpoint)."""
+        if not (self.cfg.evaluator and self.cfg.deferred) or "evaluator" in self.procs:
+            return False
+        try:
+            return (self.run_dir / "run.json").stat().st_mtime >= self.started - 1.0
+        except FileNotFoundError:
+            return False
+
+    def start_evaluator(self) -> None:
+        self._spawn("evaluator", ["evaluate", str(self.run_dir), "--follow"])
+
+    def finish_evaluation(self, progress, stream) -> None:
+        """After the workers: wait for the evaluator to evaluate the last snapshots; evaluate
+        what a failed one left here."""
+        proc = self.procs.get("evaluator")
+        while proc is not None and proc.poll() is None:
+            progress.update()
+            time.sleep(0.2)
+        from hetsync.runtime.evaluation import follow, pending
+
+        if pending(self.run_dir):
+            print(f"\nthe evaluator left {len(pending(self.run_dir))} snapshot(s); evaluating "
+                  f"them here", file=stream, flush=True)
+            follow(self.run_dir, until_end=False)
 
     def failed(self) -> tuple[str, int] | None:
         for name, proc in self.procs.items():
@@ -284,6 +334,14 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                       f"on port {cluster.state_port} ({cluster.state_restarts} of "
                       f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
                 continue
+            if failure is not None and failure[0] == "evaluator":
+                print(f"\nthe evaluator exited with code {failure[1]} (its log: "
+                      f"{cluster.logs / 'evaluator.log'}); training goes on, and what it left "
+                      f"is evaluated at the end", file=stream, flush=True)
+                cluster.lost.add("evaluator")
+                continue
+            if cluster.evaluator_due():
+                cluster.start_evaluator()
             if failure is not None and cluster.lose(failure[0]):
                 print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
                       f"on without it", file=stream, flush=True)
@@ -303,6 +361,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 break
             progress.update()
             time.sleep(0.5)
+        cluster.finish_evaluation(progress, stream)
         progress.update(final=True)
     except (KeyboardInterrupt, _Terminated):
         interrupted = True

@@ -42,32 +42,9 @@ from hetsync.comm.errors import CommError
 from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
+from hetsync.runtime.evaluation import Evaluation, evaluate, evaluate_pending
 from hetsync.runtime.rounds import RoundAccount
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
-
-
-@dataclass
-class Evaluation:
-    test_acc: float
-    test_loss: float
-
-
-def evaluate(model: torch.nn.Module, dataset, device: torch.device,
-             batch_size: int = 1000) -> Evaluation:
-    """Accuracy and mean loss on the whole test set (exact counts, not a mean of batch means)."""
-    was_training = model.training
-    model.eval()
-    correct, loss_sum, n = 0, 0.0, len(dataset)
-    with torch.no_grad():
-        for start in range(0, n, batch_size):
-            idx = torch.arange(start, min(start + batch_size, n))
-            x, y = dataset.batch(idx)
-            x, y = x.to(device), y.to(device)
-            out = model(x)
-            loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
-            correct += int((out.argmax(1) == y).sum())
-    model.train(was_training)
-    return Evaluation(correct / n, loss_sum / n)
 
 
 @dataclass
@@ -88,12 +65,13 @@ class TrainingLoop:
     """Drives `mode` over `batches` until the workers agree to stop.
 
     `store`: the process group's key-value store, for modes whose agreement goes through it
-    (required when the mode's control path is STORE and there is more than one worker).
+    (required when the mode's control path is STORE and there is more than one worker);
+    `snapshots`: rank 0's `SnapshotWriter`, where deferred evaluation puts the global model.
     """
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
                  device: torch.device, recorder, eval_recorder=None, store=None,
-                 progress=None, checkpointer=None, membership=None):
+                 progress=None, checkpointer=None, membership=None, snapshots=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
@@ -112,10 +90,11 @@ class TrainingLoop:
         else:
             self.control = CollectiveControl()
         self._in_flight = None  # the background channel's future of the last proposal's sum
-        #: evaluate snapshots after training instead of pausing it (not when a target
-        #: accuracy must be known at once to stop)
-        self.deferred = cfg.deferred_eval and cfg.target_acc is None
-        self._snapshots: list[tuple[dict, dict]] = []  # (record stamp, CPU state_dict)
+        #: evaluate snapshots off the critical path instead of pausing training
+        self.deferred = cfg.deferred
+        self.snapshots = snapshots
+        if self.deferred and rank == 0 and snapshots is None:
+            raise ValueError("deferred evaluation needs rank 0's SnapshotWriter")
         self.checkpointer = checkpointer
         self._evaluations = 0                  # agreed evaluations so far (all ranks alike)
         self._checkpoint_due = False
@@ -147,8 +126,8 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState) -> None:
-        """Rank 0 evaluates the global model — or, deferred, keeps a snapshot of it for
-        `evaluate_snapshots` — and every worker takes part in making the global model where
+        """Rank 0 evaluates the global model — or, deferred, puts a snapshot of it on disk
+        for the evaluator — and every worker takes part in making the global model where
         the mode needs them to. Evaluated at once in a collective mode, everyone waits for it
         (the barrier's time is evaluation, not waiting: the clock's `eval` phase is not
         recorded as wait)."""
@@ -162,7 +141,7 @@ class TrainingLoop:
                      "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
                 if self.deferred:
-                    self._snapshots.append((stamp, _cpu_state(self.mode.model)))
+                    self.snapshots.put(stamp, _cpu_state(self.mode.model))
                 else:
                     result = evaluate(self.mode.model, self.test_set, self.device)
                 if self._checkpoint_due and self.mode.collective_global_model:
@@ -171,38 +150,27 @@ class TrainingLoop:
             st.last_eval_train_time = train_time
             if not self.deferred:
                 st.last_acc = result.test_acc
-                self._record_evaluation(stamp, result)
+                self._record_evaluation({**stamp, "test_acc": result.test_acc,
+                                         "test_loss": result.test_loss})
         if self.pauses_everyone and not self.deferred:
             self.mode.comm.barrier(phase="eval")
         st.eval_total += time.perf_counter() - start
 
-    def _record_evaluation(self, stamp: dict, result: Evaluation) -> None:
+    def _record_evaluation(self, record: dict) -> None:
+        """Write one evaluation (the snapshot's stamp and its result) and show it."""
         if self.eval_recorder is not None:
-            self.eval_recorder.write({**stamp, "test_acc": result.test_acc,
-                                      "test_loss": result.test_loss})
+            self.eval_recorder.write(record)
         if self.progress is not None:
-            self.progress(stamp["round"], stamp["train_time"], stamp["samples_seen"], result)
+            self.progress(record["round"], record["train_time"], record["samples_seen"],
+                          Evaluation(record["test_acc"], record["test_loss"]))
 
-    def evaluate_snapshots(self) -> int:
-        """After training: evaluate the deferred snapshots in order (rank 0) — those a
-        checkpoint put on disk, then those in memory; how many."""
-        spilled = [] if self.checkpointer is None else self.checkpointer.spilled()
-        if not spilled and not self._snapshots:
-            return 0
+    def evaluate_snapshots(self, run_dir) -> int:
+        """After training, without an evaluator process: evaluate the deferred snapshots in
+        order (rank 0); how many."""
+        self.snapshots.flush()
         model = copy.deepcopy(self.mode.model)
-        for stamp, state in [*(self.checkpointer.load_spilled(p) for p in spilled),
-                             *self._snapshots]:
-            model.load_state_dict(state)
-            self._record_evaluation(stamp, evaluate(model, self.test_set, self.device))
-        for path in spilled:
-            path.unlink()
-        if spilled:
-            try:
-                spilled[0].parent.rmdir()
-            except OSError:
-                pass
-        count, self._snapshots = len(spilled) + len(self._snapshots), []
-        return count
+        return evaluate_pending(run_dir, model, self.test_set, self.device,
+                                self._record_evaluation)
 
     def evaluate_initial(self, t0: float) -> None:
         """Accuracy of the starting model (round 0, training time 0), before the clock runs."""
@@ -288,11 +256,8 @@ class TrainingLoop:
         return train_time + self.cfg.checkpoint_every * self.cfg.eval_interval
 
     def _write_checkpoint(self, st: LoopState) -> None:
-        for stamp, state in self._snapshots:
-            # Deferred snapshots would die with the process: they go to disk with the
-            # checkpoint (evaluated at the end, resumed or not), and out of memory.
-            self.checkpointer.spill(stamp, state)
-        self._snapshots = []
+        if self.snapshots is not None:  # the snapshots before the checkpoint are on disk
+            self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
         start = time.perf_counter()
         if self.rank == 0 and not self.mode.collective_global_model:

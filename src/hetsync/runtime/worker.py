@@ -20,8 +20,9 @@ import torch.distributed as dist
 
 import hetsync
 from hetsync.config import Config, ConfigError
-from hetsync.runtime import checkpoint
+from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server
+from hetsync.runtime.emulation import nominal_speed
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
@@ -106,7 +107,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     me = {"rank": rank, "host": socket.gethostname(),
           "device": "ps" if is_server else device_label(device),
           "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
-          "role": "parameter-server" if is_server else "worker"}
+          "nominal_speed": None if is_server else nominal_speed(
+              cfg.batch_size, cfg.slowdown_of(rank), cfg.step_work),
+          "role": "parameter-server" if is_server else "worker",
+          "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
     # the main thread, one for the background channel.
@@ -139,12 +143,14 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                                    alpha=cfg.inject_alpha, beta=cfg.inject_beta,
                                    seed=cfg.seed * 1000 + rank)
     optimizer = torch.optim.SGD(model.parameters(), momentum=cfg.momentum,
+                                nesterov=cfg.nesterov,
                                 lr=spec.worker.optimizer_lr(cfg.lr, options))
     assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
-                        slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank))
+                        slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
+                        step_work=cfg.step_work)
     mode = assembly.mode
     if own is not None:
         optimizer.load_state_dict(own["optimizer"])
@@ -161,19 +167,21 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
                     if cfg.checkpoint_every > 0 else None)
+    if own is not None and rank == 0:
+        evaluation.drop_after(run_dir, own["loop"]["train_time"])
+    snapshots = evaluation.SnapshotWriter(run_dir) if rank == 0 and cfg.deferred else None
     poster = None
     try:
         with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
                                 test_set=data.test, device=device, recorder=recorder,
                                 eval_recorder=eval_recorder, store=store, progress=progress,
-                                checkpointer=checkpointer, membership=membership)
+                                checkpointer=checkpointer, membership=membership,
+                                snapshots=snapshots)
             if own is None:
                 loop.evaluate_initial(0.0)
             else:
                 loop.restore(own)
-                if checkpointer is not None and rank == 0:
-                    checkpointer.drop_spilled_after(own["loop"]["train_time"])
             if world > 1:  # the workers start their clocks together (no synchronised clocks)
                 dist.barrier(group=group)
             t0 = time.perf_counter()
@@ -195,7 +203,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
             if rank == 0:
                 wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
                 train_time = state.train_time(time.perf_counter())
-                loop.evaluate_snapshots()  # deferred evaluation: after the clock stopped
+                if snapshots is not None:  # deferred: by the evaluator, or now
+                    snapshots.close()
+                    if not cfg.evaluator:
+                        loop.evaluate_snapshots(run_dir)
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
                 write_json_atomic(run_dir / "run.json", _run_info(
@@ -205,6 +216,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                     **({"lost_workers": membership.lost} if membership and membership.lost
                        else {})))
             if poster is not None:
+                if snapshots is not None and cfg.evaluator:  # its last evaluations go too
+                    evaluation.wait_evaluated(run_dir, cfg.timeout)
                 poster.close()  # after the deferred evaluations: their accuracy goes too
     except BaseException:
         if poster is not None:
@@ -227,7 +240,8 @@ def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
     from hetsync.telemetry.live import LivePoster
 
     client = StateClient(cfg.state_ip, cfg.state_port, timeout=5.0, retry_s=1.0)
-    return LivePoster(run_dir, rank, client, run=name).start()
+    return LivePoster(run_dir, rank, client, run=name, nominal_speed=nominal_speed(
+        cfg.batch_size, cfg.slowdown_of(rank), cfg.step_work)).start()
 
 
 #: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,

@@ -8,10 +8,13 @@ records) to the state server, which serves the same page at `/live/` (`LiveBoard
 - `GET /data` → JSON read from the run directory as it grows (only the new lines of each
   record file are read per request): per worker its device, rounds, local steps of its last
   round, step time (compute ÷ local steps of its last round), computing time ratio and wait so
-  far, samples; rank 0's training loss per round; the accuracy curve so far (with deferred
-  evaluation, the snapshots are evaluated after training: the curve comes at the end).
-- `GET /` → one HTML page whose script fetches `/data` every second and redraws its table and
-  curves in place (a canvas; no front-end framework, no reload).
+  far, samples, its measured speed over its last `RECENT` rounds (samples per second of
+  computing) beside its emulated device's nominal speed (`run.json`); rank 0's training loss
+  per round; the accuracy curve so far, in training-time order (deferred evaluation: as the
+  evaluator process evaluates the snapshots, or at the end without one).
+- `GET /` → one HTML page whose script fetches `/data` every second and redraws its table,
+  a line for each device running below `HELD` of its nominal speed, and the curves in place
+  (canvases with labelled, ticked axes; no front-end framework, no reload).
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from hetsync.serving import Service
+from hetsync.telemetry.summarize import HELD
+
+#: rounds over which the page measures a worker's speed
+RECENT = 32
 
 
 class _Tail:
@@ -58,11 +65,13 @@ class _Tail:
 def new_worker(rank: int) -> dict[str, Any]:
     """A worker's figures before its first record."""
     return {"rank": rank, "device": "?", "rounds": 0, "samples": 0, "compute_s": 0.0,
-            "wait_s": 0.0, "eval_s": 0.0, "t_end": 0.0, "local_steps": 0, "step_ms": None}
+            "wait_s": 0.0, "eval_s": 0.0, "t_end": 0.0, "local_steps": 0, "step_ms": None,
+            "speed": None, "nominal_speed": None}
 
 
-def accumulate(w: dict[str, Any], record: dict[str, Any]) -> None:
-    """Add one round's record (`worker-N.jsonl`) to worker figures `w`."""
+def accumulate(w: dict[str, Any], record: dict[str, Any], recent: deque) -> None:
+    """Add one round's record (`worker-N.jsonl`) to worker figures `w`; `recent`: the
+    worker's last rounds' (samples, compute_s), of which `w["speed"]` is measured."""
     w["device"] = record.get("device", w["device"])
     w["rounds"] += 1
     w["samples"] += record.get("samples", 0)
@@ -72,20 +81,28 @@ def accumulate(w: dict[str, Any], record: dict[str, Any]) -> None:
     w["local_steps"] = record.get("local_steps", 0)
     if w["local_steps"]:
         w["step_ms"] = 1000 * (record.get("compute_s") or 0.0) / w["local_steps"]
+    recent.append((record.get("samples", 0), record.get("compute_s") or 0.0))
+    computing = sum(c for _, c in recent)
+    w["speed"] = sum(n for n, _ in recent) / computing if computing > 0 else None
 
 
 def page_data(run: str, mode: str | None, deferred: bool, workers: dict[int, dict],
               accuracy: list, loss: list) -> dict[str, Any]:
     """What `/data` answers (the page draws it): each worker's figures with its computing
-    time ratio (compute ÷ time not spent evaluating), and the curves so far."""
-    shown = []
+    time ratio (compute ÷ time not spent evaluating) and a line if its device runs below
+    HELD of its nominal speed, and the curves so far (accuracy in training-time order)."""
+    shown, slow = [], []
     for rank in sorted(workers):
         w = dict(workers[rank])
         busy = w["t_end"] - w.pop("eval_s")
         w["compute_ratio"] = w["compute_s"] / busy if busy > 0 else None
+        if w.get("speed") and w.get("nominal_speed") and w["speed"] < HELD * w["nominal_speed"]:
+            slow.append(f"rank {rank} runs at {w['speed'] / w['nominal_speed']:.0%} of its "
+                        f"nominal speed ({w['speed']:,.0f} of {w['nominal_speed']:,.0f} "
+                        f"samples per second of computing, its last rounds)")
         shown.append(w)
-    return {"run": run, "mode": mode, "deferred": deferred, "workers": shown,
-            "accuracy": list(accuracy)[-MAX_POINTS:], "loss": list(loss)[-MAX_POINTS:]}
+    return {"run": run, "mode": mode, "deferred": deferred, "workers": shown, "slow": slow,
+            "accuracy": sorted(accuracy)[-MAX_POINTS:], "loss": list(loss)[-MAX_POINTS:]}
 
 
 #: points of each curve a page shows (the latest)
@@ -96,10 +113,15 @@ class RunWatcher:
     """A run directory's figures so far, kept up to date from its record files (`ranks`:
     only these workers' records, e.g. a worker's own for `LivePoster`)."""
 
-    def __init__(self, run_dir: str | Path, ranks: set[int] | None = None):
+    def __init__(self, run_dir: str | Path, ranks: set[int] | None = None,
+                 nominal: dict[int, float | None] | None = None):
         self.run_dir, self.ranks = Path(run_dir), ranks
         self._tails: dict[int, _Tail] = {}
+        self._recent: dict[int, deque] = {}
         self.workers: dict[int, dict[str, Any]] = {}
+        #: each worker's nominal speed: given, or from run.json
+        self._nominal: dict[int, float | None] = dict(nominal or {})
+        self._given = set(self._nominal)
         self._evals = _Tail(self.run_dir / "eval.jsonl")
         self.accuracy: list[tuple[float, float]] = []
         self.loss: list[tuple[float, float]] = []
@@ -112,8 +134,10 @@ class RunWatcher:
                 continue
             tail = self._tails.setdefault(rank, _Tail(path))
             w = self.workers.setdefault(rank, new_worker(rank))
+            recent = self._recent.setdefault(rank, deque(maxlen=RECENT))
+            w["nominal_speed"] = self._nominal.get(rank)
             for r in tail.new():
-                accumulate(w, r)
+                accumulate(w, r, recent)
                 if rank == 0 and r.get("loss") is not None:
                     self.loss.append((r["t_end"], r["loss"]))
         if self.ranks is None or 0 in self.ranks:
@@ -130,40 +154,67 @@ class RunWatcher:
             except ValueError:  # being replaced this instant
                 run = {}
         config = run.get("config") or {}
+        for entry in run.get("ranks") or []:  # each emulated device's nominal speed
+            if (isinstance(entry, dict) and isinstance(entry.get("rank"), int)
+                    and entry["rank"] not in self._given):
+                self._nominal[entry["rank"]] = entry.get("nominal_speed")
         return {"run": run.get("run_name", self.run_dir.name), "mode": run.get("mode"),
                 "deferred": bool(config.get("deferred_eval")) and not config.get("target_acc")}
 
     def snapshot(self) -> dict[str, Any]:
+        info = self.run_info()
         self.update()
-        return page_data(**self.run_info(), workers=self.workers, accuracy=self.accuracy,
-                         loss=self.loss)
+        return page_data(**info, workers=self.workers, accuracy=self.accuracy, loss=self.loss)
 
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>hetsync live</title>
 <style>body{font-family:sans-serif;margin:1em}td,th{padding:2px 10px;text-align:right}
-canvas{border:1px solid #ccc;margin:4px}</style></head><body>
+canvas{border:1px solid #ccc;margin:4px}#slow{color:#b00}</style></head><body>
 <h2 id="title">hetsync</h2>
 <table id="workers"><thead><tr><th>rank</th><th>device</th><th>rounds</th>
 <th>local steps (last round)</th><th>step time</th><th>computing time ratio</th>
-<th>wait so far</th><th>samples</th></tr></thead><tbody></tbody></table>
-<div><canvas id="acc" width="480" height="240"></canvas>
-<canvas id="loss" width="480" height="240"></canvas></div>
+<th>wait so far</th><th>samples</th><th>speed (samples per computing s, last rounds)</th>
+<th>nominal speed</th></tr></thead><tbody></tbody></table>
+<ul id="slow"></ul>
+<div><canvas id="acc" width="520" height="280"></canvas>
+<canvas id="loss" width="520" height="280"></canvas></div>
 <p id="updated"></p>
 <script>
-function draw(id, points, label) {
+function ticks(lo, hi, n) {  // round numbers from lo to hi, about n of them
+  const raw = (hi - lo) / n || 1, p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map(m => m * p).find(s => s >= raw);
+  const out = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9 * step; t += step) out.push(t);
+  return [out, step];
+}
+function label(v, step) { return step >= 1 ? v.toFixed(0) : v.toFixed(Math.min(4, -Math.floor(Math.log10(step)))); }
+function draw(id, points, title, xlabel) {
   const c = document.getElementById(id), g = c.getContext("2d");
-  g.clearRect(0, 0, c.width, c.height);
-  g.fillText(label + (points.length ? "" : " (none yet)"), 8, 14);
+  const L = 56, R = 12, T = 24, B = 40, W = c.width - L - R, H = c.height - T - B;
+  g.clearRect(0, 0, c.width, c.height); g.fillStyle = "#000"; g.strokeStyle = "#000";
+  g.textAlign = "left"; g.fillText(title + (points.length ? "" : " (none yet)"), L, 14);
+  g.strokeRect(L, T, W, H);
+  g.textAlign = "center"; g.fillText(xlabel, L + W / 2, c.height - 6);
   if (points.length < 1) return;
   const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
-  const x0 = Math.min(...xs), x1 = Math.max(...xs) || 1, y0 = Math.min(...ys), y1 = Math.max(...ys);
-  const X = x => 30 + (c.width - 40) * (x - x0) / ((x1 - x0) || 1);
-  const Y = y => c.height - 20 - (c.height - 40) * (y - y0) / ((y1 - y0) || 1);
-  g.beginPath(); points.forEach((p, i) => i ? g.lineTo(X(p[0]), Y(p[1])) : g.moveTo(X(p[0]), Y(p[1])));
+  let x0 = 0, x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
+  if (x1 <= x0) x1 = x0 + 1;
+  if (y1 - y0 < 1e-6) { y0 -= 0.01; y1 += 0.01; }
+  const X = x => L + W * (x - x0) / (x1 - x0), Y = y => T + H - H * (y - y0) / (y1 - y0);
+  const [xt, xs_] = ticks(x0, x1, 6), [yt, ys_] = ticks(y0, y1, 5);
+  g.strokeStyle = "#ddd";
+  xt.forEach(t => { g.beginPath(); g.moveTo(X(t), T); g.lineTo(X(t), T + H); g.stroke();
+                    g.fillText(label(t, xs_), X(t), T + H + 14); });
+  g.textAlign = "right";
+  yt.forEach(t => { g.beginPath(); g.moveTo(L, Y(t)); g.lineTo(L + W, Y(t)); g.stroke();
+                    g.fillText(label(t, ys_), L - 4, Y(t) + 4); });
+  g.strokeStyle = "#1f77b4"; g.beginPath();
+  points.forEach((p, i) => i ? g.lineTo(X(p[0]), Y(p[1])) : g.moveTo(X(p[0]), Y(p[1])));
   g.stroke();
-  g.fillText(y1.toFixed(3), 2, 28); g.fillText(y0.toFixed(3), 2, c.height - 22);
+  if (points.length < 60) points.forEach(p => g.fillRect(X(p[0]) - 2, Y(p[1]) - 2, 4, 4));
 }
 function fmt(v, digits, unit) { return v === null || v === undefined ? "?" : v.toFixed(digits) + unit; }
+function num(v) { return v === null || v === undefined ? "—" : Math.round(v).toLocaleString("en"); }
 async function refresh() {
   try {
     const d = await (await fetch("data" + location.search)).json();
@@ -172,10 +223,14 @@ async function refresh() {
       "<tr><td>" + w.rank + "</td><td>" + w.device + "</td><td>" + w.rounds + "</td><td>" +
       w.local_steps + "</td><td>" + fmt(w.step_ms, 1, " ms") + "</td><td>" +
       fmt(w.compute_ratio, 2, "") + "</td><td>" + fmt(w.wait_s, 1, " s") + "</td><td>" +
-      w.samples + "</td></tr>").join("");
-    draw("acc", d.accuracy, "test accuracy / training time (s)" +
-         (d.deferred ? " - deferred evaluation: drawn after training" : ""));
-    draw("loss", d.loss, "rank 0 training loss / time (s)");
+      w.samples + "</td><td>" + num(w.speed) + "</td><td>" + num(w.nominal_speed) +
+      "</td></tr>").join("");
+    document.getElementById("slow").innerHTML = (d.slow || []).map(t => "<li>" + t + "</li>").join("");
+    const last = d.accuracy.length ? d.accuracy[d.accuracy.length - 1] : null;
+    draw("acc", d.accuracy, "test accuracy" + (last ? " (" + last[1].toFixed(4) + " at " +
+         last[0].toFixed(0) + " s)" : "") + (d.deferred ? ", as the snapshots are evaluated" : ""),
+         "training time (s)");
+    draw("loss", d.loss, "rank 0's training loss per round", "time since the start (s)");
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     document.getElementById("updated").textContent = "run over, or not reachable";
@@ -197,7 +252,10 @@ class LiveBoard:
 
     IDLE_S = 10.0
     NUMBERS = {"rounds": int, "samples": int, "local_steps": int, "compute_s": float,
-               "wait_s": float, "eval_s": float, "t_end": float, "step_ms": float}
+               "wait_s": float, "eval_s": float, "t_end": float, "step_ms": float,
+               "speed": float, "nominal_speed": float}
+    #: figures a worker may not know yet (null)
+    OPTIONAL = {"step_ms", "speed", "nominal_speed"}
     MAX_NUMBER = 2.0 ** 50
     MAX_POST_POINTS = 256
 
@@ -220,7 +278,8 @@ class LiveBoard:
         if not (type(rank) is int and 0 <= rank < workers):
             raise ValueError(f"field 'rank' must be an integer in 0..{workers - 1}, got "
                              f"{str(rank)[:40]}")
-        figures = _checked_figures(body.get("worker"), rank, self.NUMBERS, self.MAX_NUMBER)
+        figures = _checked_figures(body.get("worker"), rank, self.NUMBERS, self.MAX_NUMBER,
+                                   self.OPTIONAL)
         points = {name: _checked_points(body.get(name, []), name, self.MAX_POST_POINTS)
                   for name in ("loss", "accuracy")}
         mode, deferred = body.get("mode"), body.get("deferred", False)
@@ -247,7 +306,8 @@ class LiveBoard:
                          self.workers, self.accuracy, self.loss)
 
 
-def _checked_figures(figures: Any, rank: int, numbers: dict, bound: float) -> dict[str, Any]:
+def _checked_figures(figures: Any, rank: int, numbers: dict, bound: float,
+                     optional: set[str]) -> dict[str, Any]:
     if not isinstance(figures, dict):
         raise ValueError("field 'worker' must be an object of the worker's figures")
     out = new_worker(rank)
@@ -257,7 +317,7 @@ def _checked_figures(figures: Any, rank: int, numbers: dict, bound: float) -> di
     out["device"] = device
     for name, kind in numbers.items():
         value = figures.get(name, out[name])
-        if value is None and name == "step_ms":
+        if value is None and name in optional:
             continue
         ok = (type(value) is int if kind is int
               else isinstance(value, (int, float)) and not isinstance(value, bool))
@@ -291,8 +351,8 @@ class LivePoster:
     POINTS_PER_POST = 128
 
     def __init__(self, run_dir: str | Path, rank: int, client, run: str, interval: float = 1.0,
-                 stream=sys.stderr):
-        self.watcher = RunWatcher(run_dir, ranks={rank})
+                 stream=sys.stderr, nominal_speed: float | None = None):
+        self.watcher = RunWatcher(run_dir, ranks={rank}, nominal={rank: nominal_speed})
         self.rank, self.client, self.run, self.interval = rank, client, run, interval
         self.stream = stream
         self._sent = {"loss": 0, "accuracy": 0}

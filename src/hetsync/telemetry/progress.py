@@ -69,8 +69,10 @@ class ClusterProgress:
                 f"{rate:7.0f} samples/s | steps/round {steps}")
 
     def update(self, final: bool = False) -> None:
-        for rec in self.eval_tail.read():
-            self.last_eval = rec
+        for rec in self.eval_tail.read():  # the newest model's (an evaluator may go back)
+            if self.last_eval is None or rec.get("train_time", 0) >= self.last_eval.get(
+                    "train_time", 0):
+                self.last_eval = rec
         for r, tail in self.worker_tails.items():
             for rec in tail.read():
                 self.samples += rec.get("samples", 0)

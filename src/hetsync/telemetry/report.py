@@ -24,8 +24,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
     s = summary
     slow = ",".join(f"{x:g}" for x in s.get("slowdowns") or [])
+    scale = s.get("speed_scale") or 1.0
     print(f"\nrun {s['run_name']}: {s['mode']}, {s['workers']} worker(s)"
           + (f", slowdowns {slow}" if slow else "")
+          + (f" x {scale:.4g}" if slow and scale != 1 else "")
           + f", {s.get('network')}, collective {s.get('collective')}, lr {s.get('lr')}"
           + (f" ({s['lr_schedule']})" if s.get("lr_schedule", "constant") != "constant" else "")
           + (f"; went on without rank {', '.join(map(str, s['lost_workers']))}"
@@ -49,11 +51,17 @@ def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
              str(w["local_steps"]), f"{w['samples']:,}", f"{w['compute_s']:.1f}",
              f"{w['wait_s']:.1f}", f"{w['comm_s']:.1f}", f"{w['eval_s']:.1f}",
              _num(w["computing_time_ratio"], ".2f"),
-             _num(w["bytes_sent"] / max(w["rounds"], 1) / 1e3, ",.1f")]
+             _num(w["bytes_sent"] / max(w["rounds"], 1) / 1e3, ",.1f"),
+             _num(w.get("isolated_throughput"), ",.0f")
+             + ("" if w.get("speed_of_nominal") is None
+                else f" ({w['speed_of_nominal']:.0%} of {w['nominal_speed']:,.0f})")]
             for w in s["per_worker"]]
     print(table(["rank", "device", "slowdown", "rounds", "steps", "samples", "compute s",
-                 "wait s", "comm s", "eval s", "compute ratio", "kB sent/round"], rows),
+                 "wait s", "comm s", "eval s", "compute ratio", "kB sent/round",
+                 "samples per compute s (of nominal)"], rows),
           file=stream)
+    for warning in s.get("warnings") or []:
+        print(f"warning: {warning}", file=stream)
 
 
 def print_comparison(summaries: Mapping[str, Mapping[str, Any]], speedups: Mapping[str, Any],

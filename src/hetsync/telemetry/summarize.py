@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 DEFAULT_TARGETS: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9)
+#: an emulated device measured below this fraction of its nominal speed did not keep it
+HELD = 0.9
 
 
 def target_key(target: float) -> str:
@@ -63,7 +65,8 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       nor training, so it is taken out of the worker's time;
     - ``throughput`` = samples ÷ wall_s (samples/s);
     - ``isolated_throughput`` = samples ÷ compute_s: the rate the worker, slowdown included,
-      would train at if it never waited or communicated;
+      would train at if it never waited or communicated (its measured speed, beside the
+      nominal speed of its emulated device);
     - where the mode records them: ``synced_fraction`` = the fraction of rounds with
       ``synced`` (SelSync: steps that synchronised), ``mean_staleness`` = the mean of
       ``staleness`` (eager-SGD: rounds between a gradient's model and the round that carried
@@ -163,12 +166,17 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
     per_worker = []
     for rank in sorted(log.workers):
         info = log.rank_info(rank)
+        stats = worker_stats(log.workers[rank])
+        nominal = info.get("nominal_speed")
         per_worker.append({
             "rank": rank,
             "host": info["host"],
             "device": info["device"],
             "slowdown": float(info["slowdown"]),
-            **worker_stats(log.workers[rank]),
+            "nominal_speed": nominal,
+            **stats,
+            "speed_of_nominal": (_ratio(stats["isolated_throughput"], nominal)
+                                 if nominal and stats["isolated_throughput"] else None),
         })
     samples = sum(w["samples"] for w in per_worker)
     throughput = _ratio(samples, train_wall)
@@ -209,8 +217,22 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
         "final_loss": (float(evals[-1]["test_loss"]) if evals and evals[-1].get("test_loss") is not None else None),
         "missing_workers": sorted(set(declared) - set(log.workers)),
         "synced_fraction": per_worker[0].get("synced_fraction") if per_worker else None,
+        "speed_scale": float(config.get("speed_scale") or 1.0),
+        "step_work": config.get("step_work"),
+        "warnings": emulation_warnings(per_worker),
         "per_worker": per_worker,
     }
+
+
+def emulation_warnings(per_worker: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A line for each emulated device that ran below HELD of its nominal speed (samples per
+    second of computing; `runtime/emulation.py`)."""
+    return [f"rank {w['rank']} (slowdown {w['slowdown']:g}) ran at {w['speed_of_nominal']:.0%} "
+            f"of its nominal speed ({w['isolated_throughput']:,.0f} of "
+            f"{w['nominal_speed']:,.0f} samples per second of computing): the emulated "
+            f"device did not keep its speed (the machine was busy, or oversubscribed)"
+            for w in per_worker
+            if w.get("speed_of_nominal") is not None and w["speed_of_nominal"] < HELD]
 
 
 def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
@@ -226,7 +248,10 @@ def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -
     ``evaluations``; ``time_to_accuracy`` (:func:`time_to_accuracy`); ``final_accuracy`` and
     ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (worker ranks in
     run.json, i.e. not ``role: parameter-server``, with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
-    device, slowdown`` and the keys of :func:`worker_stats`.
+    device, slowdown, nominal_speed`` (run.json's: samples per second of computing of its
+    emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
+    isolated_throughput ÷ nominal_speed; ``speed_scale``, ``step_work`` (the config's:
+    `runtime/emulation.py`) and ``warnings`` (:func:`emulation_warnings`).
     """
     return summarize_log(read_run(run_dir), targets)
 
