@@ -85,8 +85,50 @@ def test_repeats_are_combined_into_medians_with_their_range():
     assert res.combine(runs[:1]) is runs[0]  # one seed: the run itself
 
 
+def _timed(kind: str, label: str, tta: dict, acc: float, speed: float) -> res.RunResult:
+    summary = {"mode": label, "time_to_accuracy": tta, "final_accuracy": acc,
+               "throughput_limit": speed, "samples": 1000, "throughput": speed,
+               "utilisation": 1.0, "traffic_Bps": None}
+    return res.RunResult(label, kind, 0.1, "base", summary=summary)
+
+
+def test_runs_are_read_against_the_fastest_devices_best_recipe():
+    sgd = _timed("reference", "fastest-sgd", {"0.85": 10.0, "0.9": None, "0.89": 50.0},
+                 0.895, 1000.0)
+    nesterov = _timed("reference", "fastest-nesterov", {"0.85": 12.0, "0.9": 40.0,
+                                                        "0.89": 30.0}, 0.905, 1100.0)
+    cluster = _timed("mode", "esync-outer", {"0.85": 5.0, "0.9": 20.0, "0.89": 15.0},
+                     0.91, 1875.0)
+    slow = _timed("mode", "async", {"0.85": 20.0, "0.9": None, "0.89": None}, 0.88, 1500.0)
+    rows = [cluster, slow, sgd, nesterov]
+    # the end target is the best final accuracy of the device's recipes
+    assert res.reference_end(rows) == ("fastest-nesterov", 0.905)
+    for r in rows:  # as summarize would give it, with that target too
+        r.summary["time_to_accuracy"]["0.905"] = {"fastest-nesterov": 60.0,
+                                                  "esync-outer": 24.0}.get(r.label)
+    fastest = res.compare_with_fastest(rows, [0.85, 0.9], ("fastest-nesterov", 0.905))
+    assert fastest.speed == 1050.0  # the median of the device's runs
+    assert cluster.capacity == pytest.approx(1875 / 1050)
+    assert fastest.capacity == pytest.approx((1875 + 1500) / 2 / 1050)
+    # each target read against the recipe that reached it first
+    assert fastest.best == {"0.85": ("fastest-sgd", 10.0), "0.9": ("fastest-nesterov", 40.0),
+                            "end": ("fastest-nesterov", 60.0)}
+    assert cluster.vs_fastest == {"0.85": 2.0, "0.9": 2.0, "end": 2.5}
+    assert cluster.efficiency["end"] == pytest.approx(2.5 / (1875 / 1050))
+    assert slow.vs_fastest["0.85"] == 0.5 and slow.vs_fastest["0.9"] is None
+    assert slow.efficiency["end"] is None  # below the device's final accuracy
+    headers, cells = res.rows(rows, [0.85, 0.9], 0.9, None, with_sync=False)
+    cell = dict(zip(headers, cells[0]))
+    assert (cell["capacity"], cell["x fastest @0.9"], cell["x fastest @end"]) == \
+        ("1.79", "2.00", "2.50")
+    assert "speedup vs sync @0.9" not in headers
+    assert res.compare_with_fastest([cluster], [0.85], None) is None  # no reference run
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0"], "--workers"),
+    (["--reference", "adam"], "--reference"),
+    (["--oversubscribe", "2"], "--oversubscribe"),
     (["--modes", "sync,nope"], "--modes"),
     (["--baselines", "horovod"], "--baselines"),
     (["--lr-sweep", "0.1,-1"], "--lr-sweep"),
@@ -117,7 +159,17 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     assert base.workers == 4 and base.slowdowns == (1, 2, 4, 8) and base.time_budget == 60
     runs = {label: modes.make_run(args, base, label, linear_scaling(label, 0.05, 4))
             for label in ("local", "sync", "esync", "ddp", "post-local-sgd")}
-    assert runs["local"].cfg.workers == 1 and runs["local"].cfg.slowdowns == ()
+    # a one-device mode runs alone on the cluster's fastest device, at its speed
+    assert runs["local"].cfg.workers == 1 and runs["local"].cfg.slowdowns == (1.0,)
+    assert runs["local"].kind == "reference"
+    rows = {e.label: e for e in modes.entries(args)}
+    assert "local" not in rows and rows["esync-outer"].mode == "esync-outer"
+    nesterov = modes.make_run(args, base, "fastest-nesterov", rows["fastest-nesterov"].rate(
+        linear_scaling("local", 0.1, 4)), mode="local", **rows["fastest-nesterov"].changes)
+    # the listed rate is the effective one, lr / (1 - momentum)
+    assert (nesterov.cfg.momentum, nesterov.cfg.nesterov) == (0.9, True)
+    assert nesterov.cfg.lr == pytest.approx(0.01) and nesterov.cfg.slowdowns == (1.0,)
+    assert rows["fastest-lookahead"].mode == "lookahead" and rows["fastest-sgd"].mode == "local"
     assert runs["sync"].cfg.lr == pytest.approx(0.2) and runs["ddp"].cfg.lr == pytest.approx(0.2)
     esync = runs["esync"].cfg.mode_options()
     assert ESync.optimizer_lr(runs["esync"].cfg.lr, esync) == 0.05
@@ -178,13 +230,14 @@ def test_a_killed_baseline_worker_stops_the_run(tmp_path):
 def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path, capsys):
     results = tmp_path / "results"
     code = modes.main(BENCH_FLAGS + ["--modes", "sync,esync", "--baselines", "ddp",
+                                     "--reference", "sgd",
                                      "--name", "t", "-ld", str(tmp_path / "runs"),
                                      "--results-dir", str(results)])
     out = capsys.readouterr().out
     assert code == 0, out
     doc = json.loads((results / "bench-t.json").read_text())
     runs = {r["label"]: r for r in doc["runs"]}
-    assert list(runs) == ["sync", "esync", "ddp"]
+    assert list(runs) == ["sync", "esync", "ddp", "fastest-sgd"]
     assert runs["sync"]["lr"] == pytest.approx(0.1) and runs["esync"]["lr"] == 0.05
     _check_trained(Path(runs["ddp"]["run_dir"]), "ddp")  # the DDP baseline trained
     sync_tta = runs["sync"]["summary"]["time_to_accuracy"]["0.7"]
@@ -193,7 +246,23 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
         tta = r["summary"]["time_to_accuracy"]["0.7"]
         expected = None if tta is None else sync_tta / tta
         assert r["speedup_vs_sync"]["0.7"] == pytest.approx(expected)
+    # the devices were fitted into the cores once, and every run got the same speeds
+    scale = doc["runs"][0]["summary"]["speed_scale"]
+    for r in runs.values():
+        assert r["summary"]["speed_scale"] == scale and r["summary"]["step_work"] > 0
+    fastest = runs["fastest-sgd"]["summary"]
+    assert fastest["workers"] == 1 and fastest["slowdowns"] == [1.0]
+    assert fastest["per_worker"][0]["slowdown"] == pytest.approx(scale)  # the fastest device
+    speed = fastest["throughput_limit"]
+    for r in runs.values():  # capacity: measured speeds over the device's own
+        assert r["capacity"] == pytest.approx(r["summary"]["throughput_limit"] / speed)
+        ref_tta = fastest["time_to_accuracy"]["0.7"]
+        tta = r["summary"]["time_to_accuracy"]["0.7"]
+        expected = ref_tta / tta if ref_tta and tta else None
+        assert r["vs_fastest"]["0.7"] == pytest.approx(expected)
+    assert doc["fastest_device"]["end_label"] == "fastest-sgd"
     table = (results / "bench-t.md").read_text()
+    assert "x fastest @end" in table and "capacity" in table
     assert "speedup vs sync @0.7" in table and "| ddp |" in table and "hetsync bench" in table
     for png in ("accuracy.png", "throughput.png", "speedup.png", "timeline-ddp.png"):
         assert (results / "bench-t" / png).stat().st_size > 0, png
@@ -203,7 +272,8 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
 @pytest.mark.slow
 def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
     results = tmp_path / "results"
-    code = modes.main(BENCH_FLAGS + ["--modes", "local", "--baselines", "", "--repeats", "2",
+    code = modes.main(BENCH_FLAGS + ["--modes", "local", "--baselines", "", "--reference", "",
+                                     "--repeats", "2",
                                      "--seed", "3", "--name", "r", "-ld", str(tmp_path / "runs"),
                                      "--results-dir", str(results)])
     assert code == 0

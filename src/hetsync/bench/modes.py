@@ -6,15 +6,25 @@ For each of `--modes` and each of `--baselines` (PyTorch's DDP and post-local SG
 
 1. the same cluster (`--workers`, `--slowdowns`), model, data set, partition, seed and
    stopping rule (`--time-budget` seconds of training time, or `--epochs` of data) for every
-   run; a mode that runs on one device (`local`) is the sequential reference: one worker, no
-   slowdown, the same budget; a mode's own options (e.g. `--localsgd-period`) reach its runs;
-2. a fair learning rate (:mod:`hetsync.bench.lr`): linear scaling by default, or the best of a
-   short sweep per mode with `--lr-sweep`;
-3. `--repeats N`: each run N times, seeds `--seed` to `--seed`+N-1, the table holding medians
+   run; a mode's own options (e.g. `--localsgd-period`) reach its runs;
+2. the emulated devices fitted into this machine's cores once, for every run
+   (:mod:`hetsync.runtime.emulation`: one speed scale, one measured reference step, the
+   fastest devices on cores of their own), so every run sees the same absolute speeds;
+3. **the fastest device at its best**: each recipe of `--reference` (plain SGD, SGD with
+   Nesterov momentum, lookahead) trains alone on the cluster's fastest emulated device, at
+   the same absolute speed, as `fastest-RECIPE`; so does a one-device mode given in `--modes`.
+   The table reads every run against the best of them at each target
+   (:func:`hetsync.bench.results.compare_with_fastest`): the capacity ratio, the speed-up and
+   the efficiency;
+4. a fair learning rate (:mod:`hetsync.bench.lr`): linear scaling by default, or the best of a
+   short sweep per run with `--lr-sweep` (a momentum recipe's listed rates are its effective
+   rates, lr/(1 - momentum));
+5. `--repeats N`: each run N times, seeds `--seed` to `--seed`+N-1, the table holding medians
    and ranges (:func:`hetsync.bench.results.combine`); the learning rate is chosen once;
-4. a progress line per run (k of n, how far, last accuracy);
-5. at the end, every run directory is summarised, the figures are drawn together
-   (:func:`hetsync.telemetry.plots.plot_runs`, `local` dashed as sequential SGD) into
+6. a progress line per run (k of n, how far, last accuracy);
+7. at the end, every run directory is summarised, the figures are drawn together
+   (:func:`hetsync.telemetry.plots.plot_runs`; the best recipe of the fastest device dashed,
+   and its curve with time divided by the capacity ratio dotted as the ideal) into
    `RESULTS_DIR/bench-NAME/`, and the comparison table is printed and written to
    `RESULTS_DIR/bench-NAME.md` with the command and the machine, and to `bench-NAME.json`.
 
@@ -45,9 +55,15 @@ from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, OPTIO
                             PARTITIONS, ArgumentParser, Config, ConfigError, add_option_arguments,
                             given_options, unwritable_dir)
 
-DEFAULT_MODES = ("local", "sync", "esync", "esync-outer", "async", "dcasgd")
+DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
-DEFAULT_TARGETS = (0.7, 0.8, 0.85)
+#: late enough to separate the modes on LeNet/Fashion-MNIST (0.85 falls in seconds)
+DEFAULT_TARGETS = (0.85, 0.88, 0.9)
+#: what a user with one device would train with: recipe -> (mode, changes to its config)
+RECIPES = {"sgd": ("local", {}),
+           "nesterov": ("local", {"momentum": 0.9, "nesterov": True}),
+           "lookahead": ("lookahead", {})}
+REFERENCE_PREFIX = "fastest-"
 
 
 # ---------------------------------------------------------------------- flags
@@ -129,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--baselines", type=_names(registry.names(baseline=True), allow_empty=True),
       default=DEFAULT_BASELINES,
       help=f"PyTorch baselines to run; '' for none (default: {','.join(DEFAULT_BASELINES)})")
+    a("--reference", type=_names(tuple(RECIPES), allow_empty=True), default=tuple(RECIPES),
+      help="single-device recipes trained on the cluster's fastest device, each a run "
+      f"'{REFERENCE_PREFIX}RECIPE' that every run is read against; '' for none (default: "
+      f"{','.join(RECIPES)})")
     a("--workers", type=_positive(int), default=4, help="workers per run (default: 4)")
     a("--slowdowns", type=_floats(0.0, what="factors >= 1"), default=None,
       help="F1,F2,...: worker i runs Fi times slower (default: 1,2,4,... one per worker)")
@@ -158,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="instead of a time budget: epochs of data per run (all workers together)")
     a("--targets", type=_floats(0.0, 1.0, "accuracies"), default=DEFAULT_TARGETS,
       help=f"accuracies for time-to-accuracy (default: {','.join(map(str, DEFAULT_TARGETS))})")
-    a("--speedup-at", type=_fraction(allow_zero=False), default=0.8,
-      help="accuracy at which speedup over sync is shown and plotted (default: 0.8)")
+    a("--speedup-at", type=_fraction(allow_zero=False), default=0.9,
+      help="accuracy at which speedup over sync is shown and plotted (default: 0.9)")
     a("-l", "--lr", type=_positive(float), default=0.05,
       help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
     a("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
@@ -176,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--eval-interval", type=_positive(float), default=2.0,
       help="evaluate every S seconds of training time (default: 2)")
     a("--threads", type=_positive(int), default=1, help="torch threads per worker (default: 1)")
+    a("--cores", type=_positive(int), default=None,
+      help="cores the emulated devices are fitted into (default: all of this process's)")
+    a("--oversubscribe", type=int, choices=(0, 1), default=0,
+      help="1: keep --slowdowns as given even where they do not fit the cores (default: 0)")
     a("--timeout", type=_positive(float), default=120.0,
       help="seconds before a silent peer is declared dead (default: 120)")
     a("--seed", type=_non_negative_int, default=0, help="random seed (default: 0)")
@@ -195,9 +219,37 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclass
 class Run:
     label: str
-    kind: str                  # "mode" or "baseline"
+    kind: str                  # "mode", "baseline" or "reference"
     choice: LrChoice
     cfg: Config
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the bench: its label, the mode it runs and what it changes of the base
+    config; `lr_factor` turns a rate of the sweep into its own (momentum μ: 1 - μ, the
+    listed rates being effective rates)."""
+
+    label: str
+    mode: str
+    changes: dict = dataclasses.field(default_factory=dict)
+    lr_factor: float = 1.0
+
+    def rate(self, choice: LrChoice) -> LrChoice:
+        if self.lr_factor == 1:
+            return choice
+        return LrChoice(choice.lr * self.lr_factor,
+                        f"{choice.how}; effective {choice.lr:g} x {self.lr_factor:g}")
+
+
+def entries(args) -> list[Entry]:
+    """The bench's rows: `--modes`, `--baselines`, then the fastest device's recipes."""
+    out = [Entry(label, label) for label in list(args.modes) + list(args.baselines)]
+    for recipe in args.reference:
+        mode, changes = RECIPES[recipe]
+        out.append(Entry(REFERENCE_PREFIX + recipe, mode, changes,
+                         1 - changes.get("momentum", 0.0)))
+    return out
 
 
 def _check(args) -> None:
@@ -246,7 +298,8 @@ def base_config(args, log_dir: Path) -> Config:
                   workers=args.workers, slowdowns=slowdowns,
                   collective=args.collective, seed=args.seed, threads=args.threads,
                   timeout=args.timeout, eval_interval=args.eval_interval,
-                  time_budget=time_budget,
+                  time_budget=time_budget, cores=args.cores,
+                  oversubscribe=bool(args.oversubscribe), evaluator=True,
                   epochs=args.epochs, log_dir=str(log_dir), lr=args.lr)
 
 
@@ -258,16 +311,30 @@ def mode_options(args, spec) -> dict:
     return given_options(mine, spec, spec.name)
 
 
-def make_run(args, base: Config, label: str, choice: LrChoice, **changes) -> Run:
-    spec = registry.get(label)
-    fields = {"run_name": label, "mode": label, "lr": choice.lr,
+def make_run(args, base: Config, label: str, choice: LrChoice, mode: str | None = None,
+             **changes) -> Run:
+    """The run of `label` (mode `mode`, by default the label) at `choice`'s rate."""
+    spec = registry.get(mode or label)
+    fields = {"run_name": label, "mode": spec.name, "lr": choice.lr,
               "options": mode_options(args, spec), **changes}
-    if spec.max_workers == 1:  # the sequential reference: one worker at full speed
-        fields.update(workers=1, slowdowns=())
+    if spec.max_workers == 1:  # alone on the cluster's fastest device, at its speed
+        fields.update(workers=1, slowdowns=base.slowdowns and (min(base.slowdowns),))
     if not spec.collective:  # it aggregates with its own transport
         fields["collective"] = "native"
     cfg = dataclasses.replace(base, **fields).validate()
-    return Run(label, "baseline" if spec.baseline else "mode", choice, cfg)
+    kind = ("baseline" if spec.baseline else
+            "reference" if spec.max_workers == 1 else "mode")
+    return Run(label, kind, choice, cfg)
+
+
+def fitted_base(base: Config, split) -> tuple[Config, list[str]]:
+    """`base` with its devices fitted into the cores and its reference step measured
+    (:mod:`hetsync.runtime.emulation`), and the lines that say so."""
+    from hetsync.runtime.emulation import fit_config, with_reference_step
+
+    base, fitted = fit_config(base, given_scale=False)
+    base, step = with_reference_step(base, split)
+    return base, [line for line in (fitted and fitted.describe(), step) if line]
 
 
 def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
@@ -303,27 +370,27 @@ def sweep_config(base: Config, budget: float, root: Path) -> Config:
                                epochs=None, eval_every=0, eval_interval=budget)
 
 
-def run_sweep(args, base: Config, labels: list[str], root: Path, train_size, stream) -> dict:
-    """{label: LrChoice}: each label trained `--sweep-budget` s at each rate of `--lr-sweep`."""
+def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, stream) -> dict:
+    """{label: LrChoice}: each row trained `--sweep-budget` s at each rate of `--lr-sweep`."""
     rates = args.lr_sweep
-    total = len(labels) * len(rates)
+    total = len(rows) * len(rates)
     sweep_base = sweep_config(base, args.sweep_budget, root)
     choices, k = {}, 0
-    for label in labels:
+    for e in rows:
         accuracies = {}
         for lr in rates:
             k += 1
-            run = make_run(args, sweep_base, label, LrChoice(lr, "sweep"),
-                           run_name=f"{label}-lr{lr:g}")
+            run = make_run(args, sweep_base, e.label, e.rate(LrChoice(lr, "sweep")),
+                           mode=e.mode, run_name=f"{e.label}-lr{lr:g}", **e.changes)
             out = execute(run, k, total, train_size=train_size, quiet=args.quiet,
-                          stream=stream, label=f"sweep {label} lr {lr:g}")
+                          stream=stream, label=f"sweep {e.label} lr {run.cfg.lr:g}")
             accuracies[lr] = out.summary["final_accuracy"] if out.summary else None
         try:
-            choices[label] = best_of_sweep(accuracies)
+            choices[e.label] = e.rate(best_of_sweep(accuracies))
         except ValueError:
-            raise ConfigError(f"--lr-sweep: every rate failed for {label} "
+            raise ConfigError(f"--lr-sweep: every rate failed for {e.label} "
                               f"({', '.join(map(str, rates))}); see {root / 'sweep'}") from None
-        print(f"sweep {label}: lr {choices[label]}", file=stream, flush=True)
+        print(f"sweep {e.label}: lr {choices[e.label]}", file=stream, flush=True)
     return choices
 
 
@@ -332,6 +399,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     """Run the bench that `args` describes (`argv`: the command line, for the record)."""
     from hetsync.data import load_dataset
     from hetsync.telemetry.plots import plot_runs
+    from hetsync.telemetry.summarize import summarize
 
     stream = stream or sys.stdout
     _check(args)
@@ -343,64 +411,76 @@ def bench(args, argv: list[str], stream=None) -> int:
     base = base_config(args, root)
     speedup_at = args.speedup_at
     targets = sorted(set(args.targets) | {speedup_at})
-    labels = list(args.modes) + list(args.baselines)
-    runs = [make_run(args, base, label, linear_scaling(label, args.lr, base.workers))
-            for label in labels]  # every config is valid before anything runs,
+    rows = entries(args)
     split = load_dataset(args.dataset, args.data_dir, seed=args.seed)
-    for run in runs:  # and has a batch for every worker
-        run.cfg.validate_data(split)
+    for e in rows:  # every config is valid and has a batch for every worker before
+        make_run(args, base, e.label, LrChoice(args.lr, "base"), mode=e.mode,
+                 **e.changes).cfg.validate_data(split)  # anything runs
+    base, emulation = fitted_base(base, split)  # one fit and one reference step for all runs
     train_size = len(split.train)
-    del split, runs
+    del split
     load_before = os.getloadavg()
     command = "hetsync bench " + shlex.join(argv)
     print(f"{command}\nload average {res.load_text(load_before)} on {os.cpu_count()} CPUs; "
           f"runs in {root}", file=stream, flush=True)
+    for line in emulation:
+        print(line, file=stream, flush=True)
 
     if args.lr_sweep:
-        choices = run_sweep(args, base, labels, root, train_size, stream)
+        choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
-        choices = {label: linear_scaling(label, args.lr, base.workers) for label in labels}
+        choices = {e.label: e.rate(linear_scaling(e.mode, args.lr, base.workers))
+                   for e in rows}
     results = []
     seeds = [args.seed + i for i in range(args.repeats)]
-    plan = [(label, seed) for label in labels for seed in seeds]
-    for k, (label, seed) in enumerate(plan, 1):
-        run_name = label if args.repeats == 1 else f"{label}-seed{seed}"
-        out = execute(make_run(args, base, label, choices[label], seed=seed, run_name=run_name),
-                      k, len(plan), train_size=train_size, quiet=args.quiet, stream=stream,
-                      label=run_name)
+    plan = [(e, seed) for e in rows for seed in seeds]
+    for k, (e, seed) in enumerate(plan, 1):
+        run_name = e.label if args.repeats == 1 else f"{e.label}-seed{seed}"
+        run = make_run(args, base, e.label, choices[e.label], mode=e.mode, seed=seed,
+                       run_name=run_name, **e.changes)
+        out = execute(run, k, len(plan), train_size=train_size, quiet=args.quiet,
+                      stream=stream, label=run_name)
         out.seed = seed
         results.append(out)
     load_after = os.getloadavg()
 
-    from hetsync.telemetry.summarize import summarize
+    def combined(targets):
+        for r in results:  # again, with every target (and the speedup one)
+            if r.run_dir is not None:
+                r.summary = summarize(r.run_dir, targets)
+        return [res.combine([r for r in results if r.label == e.label]) for e in rows]
 
-    for r in results:  # again, with every target (and the speedup one)
-        if r.summary is not None:
-            r.summary = summarize(r.run_dir, targets)
-    results = [res.combine([r for r in results if r.label == label]) for label in labels]
-    has_sync = res.compute_speedups(results, targets)
-    has_fastest = res.compute_speedups(results, targets, res.FASTEST_ALONE, into="vs_fastest")
+    table_rows = combined(targets)
+    # the fastest device's best final accuracy is a target too: the speed-up "at the end"
+    end = res.reference_end(table_rows)
+    if end is not None:
+        table_rows = combined(sorted(set(targets) | {end[1]}))
+    fastest = res.compare_with_fastest(table_rows, targets, end)
+    has_sync = res.compute_speedups(table_rows, targets)
 
     results_dir = Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
-    notes = _notes(args, base, results, has_sync, has_fastest, speedup_at, load_before,
-                   load_after)
+    notes = emulation + _notes(args, table_rows, fastest, has_sync, speedup_at, load_before,
+                               load_after)
     figures = []
-    done = [r for r in results if r.summary is not None]
-    local = next((r for r in done if r.label in _sequential()), None)
-    drawn = [r for r in done if r is not local]
-    if not drawn:  # only the sequential run: draw it as a run of its own
-        drawn, local = done, None
+    done = [r for r in table_rows if r.summary is not None]
+    reference = next((r for r in done if fastest and r.label == fastest.end_label), None)
+    drawn = [r for r in done if r is not reference]
+    if not drawn:  # only the reference: draw it as a run of its own
+        drawn, reference = done, None
     if drawn:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             figures = plot_runs([r.run_dir for r in drawn], fig_dir,
                                 labels=[r.label for r in drawn],
-                                sequential=local.run_dir if local else None, target=speedup_at)
+                                sequential=reference and reference.run_dir,
+                                sequential_label=reference and reference.label,
+                                ideal=fastest and reference and fastest.capacity,
+                                target=speedup_at)
         notes += [f"figure skipped: {w.message}" for w in caught
                   if "skip" in str(w.message).lower()]
 
-    headers, cells = res.rows(results, targets, speedup_at, train_size)
+    headers, cells = res.rows(table_rows, targets, speedup_at, train_size, has_sync)
     machine = {**res.machine_info(), "load average before": res.load_text(load_before),
                "load average after": res.load_text(load_after)}
     setup = _setup(args, base)
@@ -410,13 +490,14 @@ def bench(args, argv: list[str], stream=None) -> int:
     js = res.write_json(results_dir / f"bench-{name}.json", {
         "name": name, "command": command, "machine": machine, "setup": setup,
         "targets": targets, "speedup_at": speedup_at, "speedup_baseline": SPEEDUP_BASELINE,
-        "runs": [res.result_doc(r) for r in results], "notes": notes,
+        "fastest_device": dataclasses.asdict(fastest) if fastest else None,
+        "runs": [res.result_doc(r) for r in table_rows], "notes": notes,
         "figures": [str(p) for p in figures]})
     print("\n" + res.text_table(headers, cells), file=stream)
     for note in notes:
         print(f"  {note}", file=stream)
     print(f"\ntable: {md}\njson:  {js}\nfigures: {fig_dir}", file=stream, flush=True)
-    return 1 if any(r.error for r in results) else 0
+    return 1 if any(r.error for r in table_rows) else 0
 
 
 def _setup(args, base: Config) -> dict:
@@ -435,6 +516,9 @@ def _setup(args, base: Config) -> dict:
                      f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "
                      "runs, range in parentheses; figures from the first seed)"),
             "threads per worker": base.threads,
+            "speed scale": f"{base.speed_scale:.4g} (every slowdown x this; the fit's)",
+            "reference step": (f"{1000 * base.step_work:.2f} ms (measured)"
+                               if base.step_work else "each device's own"),
             "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
                                   if base.straggle_prob else "none"),
             "data injection": "on" if base.inject else "off",
@@ -444,37 +528,42 @@ def _setup(args, base: Config) -> dict:
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}
 
 
-def _sequential() -> set[str]:
-    """The modes that run on one device: the sequential reference."""
-    return {s.name for s in registry.specs() if s.max_workers == 1}
-
-
-def _notes(args, base, results, has_sync, has_fastest, speedup_at, load_before,
-           load_after) -> list[str]:
+def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after) -> list[str]:
     notes = ["tta = training time until the first evaluation with test accuracy >= target "
-             "(evaluation time excluded); — = not reached.",
-             (f"speedup = tta(sync) / tta(run) at {speedup_at:g}, same bench." if has_sync
-              else "no successful sync run: speedup not computed."),
-             (f"vs fastest alone = tta(local: sequential SGD on one full-speed worker) / "
-              f"tta(run) at {speedup_at:g}, same bench (> 1: the cluster beats its fastest "
-              f"device)." if has_fastest else
-              "no successful local run: 'vs fastest alone' not computed."),
-             ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
-              + ",".join(f"{x:g}" for x in args.lr_sweep) + " per mode."
-              if args.lr_sweep else
-              f"lr: linear scaling of base {args.lr:g}: " + "; ".join(
-                  f"{r.label} {r.lr_how}" for r in results) + "."),
-             f"load average (1/5/15 min) {res.load_text(load_before)} before, "
-             f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
-    labels = {r.label for r in results}
-    for label in sorted(labels & _sequential()):
-        notes.append(f"{label} = one worker, no slowdown (sequential SGD), same budget; drawn "
-                     "dashed in accuracy.png.")
-    baselines = [r.label for r in results if r.kind == "baseline"]
-    for label in baselines:
-        notes.append(f"{label} = {registry.get(label).summary}, run by hetsync's training "
-                     "loop (hetsync.algorithms.baselines); traffic: the theoretical ring "
-                     "all-reduce volume.")
+             "(evaluation time excluded); — = not reached."]
+    if fastest is None:
+        notes.append("no fastest-device run completed (--reference): capacity, 'x fastest' "
+                     "and efficiency not computed.")
+    else:
+        won = "; ".join(f"{k if k == 'end' else format(float(k), 'g')} {label} ({tta:.1f} s)"
+                        for k, (label, tta) in fastest.best.items())
+        notes += [
+            f"fastest device = the cluster's fastest emulated device trained alone, at the "
+            f"same absolute speed ({fastest.speed:,.0f} samples per second of computing, "
+            f"measured); its best recipe at each target: {won or 'none reached one'}.",
+            "capacity = Σ the run's devices' samples per second of computing ÷ the fastest "
+            "device's, both measured in this bench"
+            + (f" (the cluster's: {fastest.capacity:.2f})." if fastest.capacity else "."),
+            "x fastest @T = tta(the fastest device's best recipe at T) / tta(run); @end: at "
+            + (f"{fastest.end_accuracy:.4f}, the best final accuracy of the fastest device "
+               f"({fastest.end_label})" if fastest.end_accuracy else "its best final accuracy")
+            + "; efficiency = x fastest ÷ capacity (1: every sample worth one of the fastest "
+            "device's).",
+        ]
+    notes += [(f"speedup vs sync = tta(sync) / tta(run) at {speedup_at:g}, same bench."
+               if has_sync else "no successful sync run: speedup vs sync not shown."),
+              ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
+               + ",".join(f"{x:g}" for x in args.lr_sweep) + " per run."
+               if args.lr_sweep else
+               f"lr: linear scaling of base {args.lr:g}: " + "; ".join(
+                   f"{r.label} {r.lr_how}" for r in results) + "."),
+              f"load average (1/5/15 min) {res.load_text(load_before)} before, "
+              f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
+    for r in results:
+        if r.kind == "baseline":
+            notes.append(f"{r.label} = {registry.get(r.label).summary}, run by hetsync's "
+                         "training loop (hetsync.algorithms.baselines); traffic: the "
+                         "theoretical ring all-reduce volume.")
     for r in results:
         if r.summary and r.summary.get("synced_fraction") is not None:
             notes.append(f"{r.label}: {r.summary['synced_fraction']:.1%} of steps synchronised.")
@@ -484,6 +573,9 @@ def _notes(args, base, results, has_sync, has_fastest, speedup_at, load_before,
         if stale:
             notes.append(f"{r.label}: mean staleness of each worker's gradients (rounds) "
                          + " ".join(f"{x:.2f}" for x in stale) + ".")
+        for x in r.repeats or [r]:  # an emulated device that did not keep its speed
+            for line in (x.summary or {}).get("warnings", []):
+                notes.append(f"warning: {x.run_dir.name if x.run_dir else r.label}: {line}")
     notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
     return notes
 

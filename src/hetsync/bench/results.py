@@ -1,9 +1,11 @@
 """The bench's outputs: the comparison table (text and Markdown), the JSON, the machine.
 
 One row per run: the learning rate and how it was chosen, time-to-accuracy per target (training
-time, evaluation excluded), speedup over the `sync` run of the same bench at the speedup target,
-final accuracy, epochs of data trained, throughput, utilisation and traffic (docs/design.md
-"Definitions of the figures"). A run that failed keeps its row, with the reason.
+time, evaluation excluded), final accuracy, the run read against the fastest device alone
+(:func:`compare_with_fastest`: capacity ratio, speed-up per target and at the end, efficiency),
+speedup over the `sync` run of the same bench, epochs of data trained, throughput, utilisation
+and traffic (docs/design.md "Definitions of the figures"). A run that failed keeps its row,
+with the reason.
 
 With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
 time-to-accuracy and final accuracy cells show their range: one evaluation every few seconds
@@ -32,15 +34,19 @@ class RunResult:
     """One run of the bench: what it was, where it wrote, and its summary (None: failed)."""
 
     label: str
-    kind: str                      # "mode" (hetsync) or "baseline" (PyTorch)
+    kind: str                      # "mode" (hetsync), "baseline" (PyTorch) or "reference"
     lr: float
     lr_how: str
     run_dir: Path | None = None
     summary: dict[str, Any] | None = None
     error: str | None = None
     speedup: dict[str, float | None] = field(default_factory=dict)
-    #: tta(sequential SGD on the fastest device alone) / tta(run), per target
+    #: Σ its devices' samples per second of computing ÷ the fastest device's alone
+    capacity: float | None = None
+    #: tta(the fastest device's best recipe) / tta(run), per target key and "end"
     vs_fastest: dict[str, float | None] = field(default_factory=dict)
+    #: vs_fastest ÷ capacity, per target key and "end"
+    efficiency: dict[str, float | None] = field(default_factory=dict)
     #: with repeats: every seed's run (``summary`` then holds their medians)
     repeats: list["RunResult"] = field(default_factory=list)
     seed: int | None = None
@@ -55,8 +61,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The median over several seeds' runs of each figure of the table."""
     out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries)}
-    for key in ("final_accuracy", "samples", "throughput", "utilisation", "traffic_Bps",
-                "synced_fraction"):
+    for key in ("final_accuracy", "samples", "throughput", "throughput_limit", "utilisation",
+                "traffic_Bps", "synced_fraction"):
         out[key] = _median([s.get(key) for s in summaries])
     out["time_to_accuracy"] = {t: _median([s["time_to_accuracy"].get(t) for s in summaries])
                                for t in summaries[0]["time_to_accuracy"]}
@@ -82,8 +88,74 @@ def combine(runs: Sequence[RunResult]) -> RunResult:
                      error=error or None, repeats=list(runs))
 
 
-#: the run that stands for the fastest device training alone (sequential SGD)
-FASTEST_ALONE = "local"
+@dataclass
+class FastestDevice:
+    """The cluster's fastest device trained alone, as the bench measured it."""
+
+    #: samples per second of computing (median over its runs)
+    speed: float
+    #: the cluster's capacity ratio: median over the cluster runs (None: no cluster run)
+    capacity: float | None
+    #: target key -> (the recipe that reached it first, its time to accuracy)
+    best: dict[str, tuple[str, float]]
+    #: the best final accuracy of its recipes, and which
+    end_accuracy: float | None
+    end_label: str | None
+
+
+def reference_end(results: Sequence[RunResult]) -> tuple[str, float] | None:
+    """(label, final accuracy) of the fastest device's recipe that ended best; None: no
+    reference run completed."""
+    ends = [(r.summary["final_accuracy"], r.label) for r in results
+            if r.kind == "reference" and r.summary and r.summary.get("final_accuracy")]
+    if not ends:
+        return None
+    accuracy, label = max(ends)
+    return label, accuracy
+
+
+def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
+                         end: tuple[str, float] | None) -> FastestDevice | None:
+    """Read every run against the fastest device alone (its `reference` runs); None when no
+    reference run completed.
+
+    1. its speed: the median of its runs' measured samples per second of computing;
+    2. each run's capacity ratio: Σ its devices' measured speeds ÷ that speed;
+    3. the best recipe at each target: the one with the shortest time to accuracy;
+    4. each run's speed-up at each target: that recipe's time ÷ the run's; "end": at the best
+       recipe's final accuracy (`end`), so a speed-up there means the run got as far sooner;
+    5. its efficiency: speed-up ÷ capacity ratio (1: every sample worth one of the device's).
+    """
+    refs = [r for r in results if r.kind == "reference" and r.summary is not None]
+    speeds = [r.summary["throughput_limit"] for r in refs if r.summary.get("throughput_limit")]
+    if not speeds:
+        return None
+    speed = statistics.median(speeds)
+    for r in results:
+        if r.summary is not None and r.summary.get("throughput_limit"):
+            r.capacity = r.summary["throughput_limit"] / speed
+    keys = {target_key(t): target_key(t) for t in targets}
+    if end is not None:
+        keys["end"] = target_key(end[1])
+    best: dict[str, tuple[str, float]] = {}
+    for name, key in keys.items():
+        reached = [(r.summary["time_to_accuracy"].get(key), r.label) for r in refs]
+        reached = [(t, label) for t, label in reached if t is not None]
+        if reached:
+            tta, label = min(reached)
+            best[name] = (label, tta)
+    for r in results:
+        if r.summary is None:
+            continue
+        for name, key in keys.items():
+            mine = r.summary["time_to_accuracy"].get(key)
+            ratio = (best[name][1] / mine if name in best and mine else None)
+            r.vs_fastest[name] = ratio
+            r.efficiency[name] = (ratio / r.capacity if ratio is not None and r.capacity
+                                  else None)
+    cluster = [r.capacity for r in results if r.kind != "reference" and r.capacity]
+    return FastestDevice(speed, statistics.median(cluster) if cluster else None, best,
+                         end and end[1], end and end[0])
 
 
 def compute_speedups(results: Sequence[RunResult], targets: Sequence[float],
@@ -118,18 +190,24 @@ def _spread(r: RunResult, value: Any, fmt: str, get) -> str:
 
 
 def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: float,
-         train_size: int | None) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells of the comparison table."""
+         train_size: int | None, with_sync: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the comparison table (`with_sync`: the speedup-vs-sync column)."""
+    keys = [target_key(t) for t in targets] + ["end"]
+    last = keys[-2]
     headers = (["run", "lr (how chosen)"] + [f"tta {t:g} (s)" for t in targets]
-               + [f"speedup vs sync @{speedup_at:g}", f"vs fastest alone @{speedup_at:g}",
-                  "final acc", "epochs", "samples/s", "utilisation", "MB/s"])
+               + ["final acc", "capacity"]
+               + [f"x fastest @{t:g}" for t in targets] + ["x fastest @end",
+                  f"efficiency @{targets[-1]:g}", "efficiency @end"]
+               + ([f"speedup vs sync @{speedup_at:g}"] if with_sync else [])
+               + ["epochs", "samples/s", "utilisation", "MB/s"])
     out = []
     for r in results:
         lr = f"{r.lr:g} ({r.lr_how})"
         s = r.summary
         if s is None:
-            out.append([r.label, lr] + ["—"] * len(targets)
-                       + ["failed: " + (r.error or "").splitlines()[0][:60]] + ["—"] * 6)
+            row = [r.label, lr] + ["—"] * len(targets) + [
+                "failed: " + (r.error or "").splitlines()[0][:60]]
+            out.append(row + ["—"] * (len(headers) - len(row)))
             continue
         epochs = s["samples"] / train_size if train_size else None
         traffic = s.get("traffic_Bps")
@@ -137,10 +215,12 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
                    + [_spread(r, s["time_to_accuracy"].get(target_key(t)), ".1f",
                               lambda x, t=t: x["time_to_accuracy"].get(target_key(t)))
                       for t in targets]
-                   + [_num(r.speedup.get(target_key(speedup_at)), ".2f"),
-                      _num(r.vs_fastest.get(target_key(speedup_at)), ".2f"),
-                      _spread(r, s["final_accuracy"], ".4f", lambda x: x["final_accuracy"]),
-                      _num(epochs, ".2f"),
+                   + [_spread(r, s["final_accuracy"], ".4f", lambda x: x["final_accuracy"]),
+                      _num(r.capacity, ".2f")]
+                   + [_num(r.vs_fastest.get(k), ".2f") for k in keys]
+                   + [_num(r.efficiency.get(last), ".2f"), _num(r.efficiency.get("end"), ".2f")]
+                   + ([_num(r.speedup.get(target_key(speedup_at)), ".2f")] if with_sync else [])
+                   + [_num(epochs, ".2f"),
                       _num(s["throughput"], ",.0f"), _num(s["utilisation"], ".2f"),
                       _num(traffic and traffic / 1e6, ".2f")])
     return headers, out
@@ -188,7 +268,8 @@ def result_doc(r: RunResult) -> dict[str, Any]:
     s = r.summary
     doc = {"label": r.label, "kind": r.kind, "lr": r.lr, "lr_how": r.lr_how,
            "run_dir": str(r.run_dir) if r.run_dir else None, "error": r.error,
-           "speedup_vs_sync": r.speedup, "vs_fastest_alone": r.vs_fastest, "summary": s}
+           "speedup_vs_sync": r.speedup, "capacity": r.capacity, "vs_fastest": r.vs_fastest,
+           "efficiency": r.efficiency, "summary": s}
     if r.repeats:
         doc["repeats"] = [{"seed": x.seed, "run_dir": str(x.run_dir) if x.run_dir else None,
                            "error": x.error, "summary": x.summary} for x in r.repeats]

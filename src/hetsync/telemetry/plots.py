@@ -189,29 +189,35 @@ def _workers_caption(run: _Run) -> str:
 
 # --- the figures --------------------------------------------------------------------------------
 
-def _plot_accuracy(runs: Sequence[_Run], path: Path, sequential: _Run | None, target: float | None) -> Path:
-    """Test accuracy vs training time (eval ``train_time``: wall time minus evaluation time)."""
+def _plot_accuracy(runs: Sequence[_Run], path: Path, sequential: _Run | None,
+                   target: float | None, ideal: float | None = None) -> Path:
+    """Test accuracy vs training time (eval ``train_time``: wall time minus evaluation time);
+    the sequential run dashed, and its curve at `ideal` times its speed dotted."""
     fig = _figure(8, 5)
     ax = fig.add_subplot()
-    lines = [(r, "-") for r in runs] + ([(sequential, "--")] if sequential else [])
+    lines = [(r, "-", 1.0) for r in runs] + ([(sequential, "--", 1.0)] if sequential else [])
+    if sequential and ideal:
+        lines.append((sequential, ":", ideal))
     drawn = 0
-    for run, style in lines:
+    for run, style, speed in lines:
         evals = [e for e in run.log.evals if e.get("test_acc") is not None]
         if not evals:
             continue
-        x = [float(e["train_time"]) for e in evals]
+        x = [float(e["train_time"]) / speed for e in evals]
         y = [float(e["test_acc"]) for e in evals]
         best = run.summary["best_accuracy"]
-        ax.plot(x, y, style, color="black" if style == "--" else run.colour, lw=1.8,
-                marker="o" if len(x) <= 40 else None, ms=3.5,
-                label=f"{run.label} (best {best:.3f})")
+        label = (f"ideal: {run.label} x {speed:.2f} capacity" if speed != 1
+                 else f"{run.label} (best {best:.3f})")
+        ax.plot(x, y, style, color="black" if style != "-" else run.colour, lw=1.8,
+                marker="o" if len(x) <= 40 and style == "-" else None, ms=3.5, label=label)
         drawn += 1
     if target is not None:
         ax.axhline(target, color="0.5", lw=1, ls=":", label=f"target {target:g}")
     if not drawn:
         _no_data(ax, "no evaluations recorded")
+    # near the target is where runs part: the first seconds' climb is cut
     ax.set(title="Test accuracy vs training time", xlabel="training time (s, evaluation excluded)",
-           ylabel="test accuracy", ylim=(0, 1))
+           ylabel="test accuracy", ylim=(0 if target is None else max(0.0, target - 0.3), 1))
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     if drawn or target is not None:
@@ -376,6 +382,8 @@ def plot_runs(
     labels: Sequence[str] | None = None,
     sequential: str | Path | None = None,
     target: float = 0.8,
+    sequential_label: str | None = None,
+    ideal: float | None = None,
 ) -> list[Path]:
     """Write the comparison figures of ``run_dirs`` into ``out_dir`` and return their paths:
     ``accuracy.png``, ``throughput.png``, ``traffic.png``, ``computing_time_ratio.png``,
@@ -383,8 +391,10 @@ def plot_runs(
     ``sync`` or it never reached the target) and one ``timeline-{label}.png`` per run.
 
     A run's label is its mode unless ``labels`` are given (runs sharing a label get their run
-    name appended). ``sequential`` is a run directory (mode ``local``) drawn in the accuracy
-    figure as a dashed "sequential SGD" line.
+    name appended). ``sequential`` is a one-device run directory drawn in the accuracy figure
+    as a dashed line (labelled ``sequential_label``, by default "sequential SGD"); with
+    ``ideal`` (a capacity ratio), also its curve with time divided by it, dotted: where a
+    cluster of that capacity would be if every sample counted as one of the device's.
     """
     if not run_dirs:
         raise ValueError("plot_runs needs at least one run directory")
@@ -394,9 +404,10 @@ def plot_runs(
     seq = None
     if sequential is not None:
         log = read_run(sequential)
-        seq = _Run(SEQUENTIAL_LABEL, log, summarize_log(log, _targets(target)), "black")
+        seq = _Run(sequential_label or SEQUENTIAL_LABEL, log,
+                   summarize_log(log, _targets(target)), "black")
     paths = [
-        _plot_accuracy(runs, out / "accuracy.png", seq, target),
+        _plot_accuracy(runs, out / "accuracy.png", seq, target, ideal),
         _plot_throughput(runs, out / "throughput.png"),
         _plot_traffic(runs, out / "traffic.png"),
         _plot_computing_time_ratio(runs, out / "computing_time_ratio.png"),
