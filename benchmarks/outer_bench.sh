@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `hetsync bench` runs behind README's "faster than its fastest device" tables (about 110
+# The `hetsync bench` runs behind README's oversubscribed-emulation `esync-outer` tables (about 110
 # minutes on a 2-core machine; keep it quiet meanwhile). Every run's local rate follows the
 # bench's default cosine schedule over its budget, as `hetsync launch` does.
 #
