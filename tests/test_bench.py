@@ -143,7 +143,7 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "4", "--slowdowns", "1,2"], "--slowdowns"),
     (["--epochs", "1", "--time-budget", "5"], "--epochs"),
-    (["--modes", "", "--baselines", ""], "--modes"),
+    (["--modes", "", "--baselines", "", "--reference", ""], "--modes"),
     (["-n", "nonet"], "--network"),
 ])
 def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv, flag):

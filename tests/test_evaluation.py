@@ -1,6 +1,7 @@
 """Deferred evaluation: rank 0's snapshots on disk, evaluated in order or newest first, by rank 0
 after training or by the evaluator process while the run goes on."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -105,6 +106,23 @@ def test_the_evaluator_process_evaluates_until_the_run_ends_then_what_is_left(tm
     times = sorted(json.loads(line)["train_time"]
                    for line in (run / "eval.jsonl").read_text().splitlines())
     assert times == [0.0, 1.0, 2.0, 3.0] and not evaluation.pending(run)
+
+
+def test_the_evaluator_stops_following_a_run_whose_workers_fell_silent(tmp_path):
+    """A run whose workers died without ending it: no evaluator waits for it forever."""
+    run = tmp_path / "run"
+    _tiny_run(run, 2)
+    cfg = dataclasses.replace(Config.load(run / "config.json"), timeout=1.0)
+    cfg.save(run / "config.json")
+    (run / "worker-0.jsonl").write_text("")
+    old = time.time() - 60
+    os.utime(run / "worker-0.jsonl", (old, old))
+    proc = subprocess.run([sys.executable, "-m", "hetsync", "evaluate", str(run), "--follow"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "the run is taken as dead" in proc.stderr
+    assert len((run / "eval.jsonl").read_text().splitlines()) == 2  # what was left, evaluated
+    assert not evaluation.pending(run)
 
 
 def test_the_evaluator_refuses_a_directory_that_is_not_a_run(tmp_path):

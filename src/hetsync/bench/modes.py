@@ -254,8 +254,8 @@ def entries(args) -> list[Entry]:
 
 def _check(args) -> None:
     """Cross-flag checks; ConfigError names the flag."""
-    if not args.modes and not args.baselines:
-        raise ConfigError("--modes/--baselines: nothing to run (both are empty)")
+    if not args.modes and not args.baselines and not args.reference:
+        raise ConfigError("--modes/--baselines/--reference: nothing to run (all are empty)")
     if args.epochs is not None and args.time_budget is not None:
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -202,6 +203,13 @@ def _ended_since(run_dir: Path, since: float) -> bool:
     return isinstance(end, (int, float)) and end >= since
 
 
+def _silent_for(run_dir: Path, since: float) -> float:
+    """Seconds since a worker last recorded a round (or since `since`, if later): a run
+    whose workers all died without ending stays silent."""
+    times = [since] + [p.stat().st_mtime for p in run_dir.glob("worker-*.jsonl")]
+    return time.time() - max(times)
+
+
 #: the most of its time the evaluator computes while the run goes on
 DUTY = 0.1
 
@@ -211,7 +219,8 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     """The evaluator: evaluate `run_dir`'s snapshots into its `eval.jsonl` (see the module
     docstring) — with `until_end`, the newest as they are written, computing at most `duty`
     of the time, until the run has ended; then every one left, in order. How many it
-    evaluated."""
+    evaluated. It stops following a run whose workers have been silent for its `--timeout`
+    (they died without ending it), saying so on stderr."""
     from hetsync.config import Config
     from hetsync.data import load_dataset
     from hetsync.models import build_model
@@ -227,6 +236,11 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     total = 0
     with JsonlWriter(run_dir / "eval.jsonl") as out:
         while until_end and not _ended_since(run_dir, started):
+            if _silent_for(run_dir, started) > cfg.timeout:
+                print(f"hetsync evaluate: no worker of {run_dir} has recorded a round for "
+                      f"{cfg.timeout:g} s (--timeout); the run is taken as dead: evaluating "
+                      f"what is left", file=sys.stderr, flush=True)
+                break
             began = time.process_time()  # (its wall time grows with the devices' load)
             done = evaluate_pending(run_dir, model, data.test, device, out.write, newest=True)
             total += done
