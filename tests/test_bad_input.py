@@ -336,7 +336,7 @@ CASES = [
     (B + ["--workers", "0"], "argument --workers: expected a number > 0, got '0'"),
     (B + ["--modes", "hogwild"], "unknown 'hogwild'"),
     (B + ["--baselines", "horovod"], "unknown 'horovod'"),
-    (B + ["--modes", "", "--baselines", ""], "nothing to run"),
+    (B + ["--modes", "", "--baselines", "", "--reference", ""], "nothing to run"),
     (B + ["--modes", "sync,sync"], "'sync,sync' names a run twice"),
     (B + ["--slowdowns", "1,2"], "--slowdowns: 2 factors for --workers 4"),
     (B + ["--slowdowns", "1,nan,1,1"], "got '1,nan,1,1'"),
