@@ -28,7 +28,8 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "esync", "async", "dcasgd", "selsync", "eager-solo",
+@pytest.mark.parametrize("mode", ["sync", "esync", "diloco", "async", "dcasgd",
+                                  "async-local-sgd", "fedbuff", "selsync", "eager-solo",
                                   "eager-majority", "gd", "dgc", "dgs"])
 def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     cfg = Config(mode=mode, log_dir=str(tmp_path), time_budget=3.0, **SMALL)

@@ -49,6 +49,13 @@ class PeriodicAveraging(Mode):
             unflatten_into(mean, self.parameters())
             self.round += 1
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "steps": self.steps}  # the round's place, resumed
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.steps = int(state["steps"])
+
 
 register(ModeSpec(TOY, PeriodicAveraging, "average the models every K steps",
                   options=EveryKOptions))

@@ -4,8 +4,10 @@ modes that use them run on real processes in test_modes / test_mode_state)."""
 import pytest
 import torch
 
-from hetsync.algorithms.esync import ESync, ESyncOptions, ESyncOuter, global_update
-from hetsync.algorithms.outer import OuterOptimizer, combine, contribution
+from hetsync.algorithms.esync import ESync, ESyncOptions, ESyncOuter
+from hetsync.algorithms.local_rounds import global_update
+from hetsync.algorithms.outer import (combine, contribution, momentum_buffer, outer_optimizer,
+                                      outer_step, set_momentum_buffer)
 
 
 def _deltas(workers=3, n=50, seed=0):
@@ -17,14 +19,13 @@ def _summed(deltas, steps, weighting):
     return sum(contribution(d, s, weighting) for d, s in zip(deltas, steps))
 
 
-def test_momentum_zero_and_rate_one_is_esyncs_update_exactly():
+def test_momentum_zero_and_rate_one_is_esyncs_update():
     deltas, w = _deltas(), torch.randn(50)
     summed = _summed(deltas, [5, 3, 1], "uniform")
     ours = w.clone()
-    OuterOptimizer(lr=1.0, momentum=0.0).step(ours, *combine(summed, 3, "uniform"))
-    before = w.clone()
-    before.add_(sum(deltas), alpha=1.0 / 3)  # ESync: w_global += gl * mean(delta)
-    assert torch.equal(ours, before)
+    vector, scale = combine(summed, 3, "uniform")
+    outer_step(outer_optimizer(ours, lr=1.0, momentum=0.0), vector * scale)
+    torch.testing.assert_close(ours, w + sum(deltas) / 3)  # ESync: w_global += mean(delta)
 
 
 def test_fednova_with_equal_local_steps_equals_uniform():
@@ -49,16 +50,23 @@ def test_nesterov_outer_step_is_torch_sgd_on_the_pseudo_gradient():
     w = torch.randn(20)
     ours, ref = w.clone(), torch.nn.Parameter(w.clone())
     sgd = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
-    outer = OuterOptimizer(lr=0.7, momentum=0.9)
+    outer = outer_optimizer(ours, lr=0.7, momentum=0.9)
+    buffer = torch.zeros(20)
     for seed in range(5):
         delta = _deltas(1, 20, seed)[0]
-        outer.step(ours, delta, 1.0)
+        outer_step(outer, delta)
         ref.grad = -delta  # the mean delta is a negative pseudo-gradient
         sgd.step()
         torch.testing.assert_close(ours, ref.detach())
-    copy = OuterOptimizer()
+        # by hand: b <- 0.9 b - delta (b <- -delta at first); w <- w - 0.7 (-delta + 0.9 b)
+        buffer = -delta if seed == 0 else 0.9 * buffer - delta
+        w = w - 0.7 * (-delta + 0.9 * buffer)
+        torch.testing.assert_close(ours, w)
+    copy = outer_optimizer(ours.clone(), lr=0.7, momentum=0.9)
     copy.load_state_dict(outer.state_dict())
-    assert copy.momentum == 0.9 and torch.equal(copy.buffer, outer.buffer)
+    assert torch.equal(momentum_buffer(copy), momentum_buffer(outer))
+    set_momentum_buffer(copy, None)
+    assert momentum_buffer(copy) is None
 
 
 def test_esync_outer_defaults_and_flags_override_them():

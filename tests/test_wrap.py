@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hetsync
+from hetsync.algorithms import registry
 from hetsync.telemetry.plots import plot_runs
 from hetsync.telemetry.summarize import summarize
 from distributed import free_port, run_ranks
@@ -71,11 +72,12 @@ def _uneven(rank, world, mode, run_dir, collective="native"):
 @pytest.mark.filterwarnings("ignore::hetsync.telemetry.plots.PlotWarning")  # no sync run
 @pytest.mark.parametrize("mode,collective", [
     ("sync", "native"), ("esync", "native"), ("selsync", "native"), ("async", "native"),
-    ("eager-solo", "native"), ("sync", "ps"), ("esync", "ps")])
+    ("eager-solo", "native"), ("sync", "ps"), ("esync", "ps"), ("diloco", "native"),
+    ("async-local-sgd", "native"), ("fedbuff", "native")])
 def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode, collective,
                                                                           tmp_path):
     # a parameter server (async, or sums over `ps`) is one more process: the last rank
-    world = 4 if mode == "async" or collective == "ps" else 3
+    world = 4 if registry.get(mode).parameter_server or collective == "ps" else 3
     run_dir = tmp_path / "run"
     results = [r for r in run_ranks(_uneven, world, mode, str(run_dir), collective,
                                     timeout=150) if r is not None]

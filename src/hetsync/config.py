@@ -665,14 +665,14 @@ def _with_default(help_text: str, default: Any) -> str:
 
 
 def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
-    """(field, default, modes) of every registered mode option, one per field (a field shared
-    by several modes' options class is listed once, with all of them)."""
+    """(field, default, modes) of every registered mode option, one per field (a field of an
+    options class that several modes share, or inherit, is listed once, with all of them)."""
     from hetsync.algorithms import registry
 
     seen: dict[tuple[str, str], list] = {}
     for spec in registry.specs():
         for f in spec.option_fields():
-            key = (registry.qualname(spec.options), f.name)
+            key = registry.option_key(spec.options, f)
             if key in seen:
                 seen[key][2].append(spec.name)
             else:

@@ -99,7 +99,8 @@ class DcasgdRule(AsgdRule):
         self.backup = {int(w): t.clone() for w, t in state["backup"].items()}
 
 
-def server_rule(weights: torch.Tensor, lr: float, options: AsyncOptions, layout) -> AsgdRule:
+def server_rule(weights: torch.Tensor, lr: float, options: AsyncOptions, layout,
+                workers: int) -> AsgdRule:
     """The parameter server's rule: DC-ASGD's with `-dcasgd 1`, else ASGD's."""
     if options.dcasgd:
         return DcasgdRule(weights, lr, options.dcasgd_lambda)
@@ -166,4 +167,5 @@ register(ModeSpec("async", AsynchronousSGD, "push the gradient to the parameter 
 register(ModeSpec("dcasgd", DelayCompensatedSGD, "as async, with delay compensation "
                   "g + λ·g⊙g⊙(w_now − w_pulled) (also -m async -dcasgd 1)",
                   options=AsyncOptions, parameter_server=True,
-                  server_rule=lambda w, lr, o, layout: DcasgdRule(w, lr, o.dcasgd_lambda)))
+                  server_rule=lambda w, lr, o, layout, workers: DcasgdRule(
+                      w, lr, o.dcasgd_lambda)))

@@ -64,5 +64,6 @@ register(ModeSpec("dgc", DeepGradientCompression, "deep gradient compression: mo
                   "correction and factor masking, 0.1 % per layer after an exponential "
                   "warm-up, pushed to the parameter server, which answers the dense model",
                   options=SparseOptions, parameter_server=True,
-                  server_rule=lambda w, lr, o, layout: SparseApplyRule(w, lr, o.weight_decay),
+                  server_rule=lambda w, lr, o, layout, workers: SparseApplyRule(
+                      w, lr, o.weight_decay),
                   lr_note="worker rate"))

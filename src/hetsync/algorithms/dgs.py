@@ -111,7 +111,7 @@ class DualWayGradientSparsification(SparseAsyncSGD):
 
 
 def server_rule(weights: torch.Tensor, lr: float, options: SparseOptions,
-                layout: Layout) -> DgsRule:
+                layout: Layout, workers: int) -> DgsRule:
     density = options.density if options.density is not None else 0.01
     return DgsRule(weights, layout, density, options.resync)
 

@@ -28,5 +28,5 @@ class GradientDropping(SparseAsyncSGD):
 register(ModeSpec("gd", GradientDropping, "gradient dropping: push the top 1 % per layer of "
                   "the accumulated lr-scaled gradient, keep the rest; the parameter server "
                   "answers the dense model", options=SparseOptions, parameter_server=True,
-                  server_rule=lambda w, lr, o, layout: SparseApplyRule(w, lr),
+                  server_rule=lambda w, lr, o, layout, workers: SparseApplyRule(w, lr),
                   lr_note="worker rate"))

@@ -8,8 +8,8 @@ Per round, on the one worker:
 
 1. K steps of the local optimizer (SGD at the loop's rate) from the slow weights w;
 2. D = w_fast − w, the negative of SNOO's pseudo-gradient;
-3. the outer optimizer (`outer.OuterOptimizer`, DiLoCo's Nesterov: lr 0.7, μ 0.9, as
-   `esync-outer` uses on the cluster): b ← μ·b + D, w ← w + lr·(D + μ·b);
+3. the outer optimizer (`outer.outer_optimizer`, torch's SGD with DiLoCo's Nesterov: lr 0.7,
+   μ 0.9, as `esync-outer` uses on the cluster) steps w on the pseudo-gradient −D;
 4. the fast weights start again from w; the local optimizer keeps its state.
 
 With μ = 0 this is Lookahead (k = K, α = lr); with K = 1, lr 1 and μ = 0, plain SGD.
@@ -26,8 +26,9 @@ from typing import Any, Iterator
 import torch
 
 from hetsync.algorithms.base import Action, Mode, Step, flatten, unflatten_into
-from hetsync.algorithms.outer import OuterOptimizer
+from hetsync.algorithms.outer import describe_outer, outer_optimizer, outer_step
 from hetsync.algorithms.registry import ModeSpec, register
+from hetsync.algorithms.round_length import reached
 
 
 @dataclass
@@ -55,25 +56,25 @@ class LookaheadOptions:
             raise invalid_option(self, "lookahead_momentum", "a number in [0, 1)")
 
 
-def ends_outer_step(steps: int, every: int) -> bool:
-    """Whether the `steps`-th local step since the last outer step ends a round."""
-    return steps >= every
-
-
 class Lookahead(Mode):
     name = "lookahead"
     Options = LookaheadOptions
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._outer = OuterOptimizer(self.options.lookahead_lr, self.options.lookahead_momentum)
         self._steps = 0  # local steps since the last outer step
 
     def setup(self) -> None:
-        self._slow = flatten(self.parameters()).clone()
+        self._hold(flatten(self.parameters()))
+
+    def _hold(self, weights: torch.Tensor) -> None:
+        """The slow weights ← a copy of `weights`, and an outer optimizer over them."""
+        self._slow = weights.detach().clone().to(next(self.model.parameters()).device)
+        self._outer = outer_optimizer(self._slow, self.options.lookahead_lr,
+                                      self.options.lookahead_momentum)
 
     def decide(self, step: Step) -> Action:
-        last = ends_outer_step(self._steps + 1, self.options.lookahead_steps)
+        last = reached(self._steps + 1, self.options.lookahead_steps)
         return Action.LOCAL_ROUND if last else Action.LOCAL
 
     def apply(self, action: Action) -> None:
@@ -82,7 +83,7 @@ class Lookahead(Mode):
         if action is Action.LOCAL_ROUND:
             with torch.no_grad():
                 params = self.parameters()
-                self._outer.step(self._slow, flatten(params) - self._slow, 1.0)
+                outer_step(self._outer, flatten(params) - self._slow)
                 unflatten_into(self._slow, params)
             self._steps = 0
             self.round += 1
@@ -103,8 +104,8 @@ class Lookahead(Mode):
         super().finish()                               # are in no outer step
 
     def describe(self) -> dict[str, Any]:
-        return {"outer": f"Nesterov lr {self._outer.lr:g} momentum {self._outer.momentum:g} "
-                         f"every {self.options.lookahead_steps} steps"}
+        return {"outer": f"{describe_outer(self._outer)} every "
+                         f"{self.options.lookahead_steps} steps"}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "slow": self._slow.clone(),
@@ -112,7 +113,7 @@ class Lookahead(Mode):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._slow = state["slow"].clone().to(next(self.model.parameters()).device)
+        self._hold(state["slow"])
         self._steps = 0  # a resumed worker starts from the slow weights: a round of its own
         self._outer.load_state_dict(state["outer"])
 

@@ -3,7 +3,7 @@ optimizer that applies their combination to the global model.
 
 A round ends with worker i holding Δ_i = w_i − w_global after τ_i local steps. One all-reduce
 carries every worker's `contribution`; `combine` turns the sum into one delta D; the
-`OuterOptimizer` applies it.
+outer optimizer applies it (`outer_step`).
 
 Weightings:
 
@@ -13,20 +13,43 @@ Weightings:
   et al., NeurIPS 2020: normalised averaging removes the pull towards fast workers' data that
   plain averaging of unequal local steps converges to).
 
-Outer optimizer (DiLoCo, Douillard et al. 2023, which found Nesterov best): the combined delta
-is a negative pseudo-gradient; with momentum μ > 0, b ← μ·b + D (b ← D at first, as
-`torch.optim.SGD`), w_global ← w_global + lr·(D + μ·b); with μ = 0, w_global ← w_global +
-lr·D, which with lr 1 and ``uniform`` is ESync's own update, computed identically.
+Outer optimizer (DiLoCo, Douillard et al. 2023, which found Nesterov best; torchft's
+`DiLoCo` takes one the same way): a real `torch.optim.SGD` over the flat global weights,
+stepped on the pseudo-gradient g = −D (w_global less the workers' combination). With momentum
+μ > 0 it is Nesterov's SGD: b ← μ·b + g (b ← g at first), w_global ← w_global − lr·(g + μ·b);
+with μ = 0, w_global ← w_global + lr·D, which with lr 1 and ``uniform`` is ESync's own update.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
 WEIGHTINGS = ("uniform", "samples", "fednova")
+
+
+@dataclass
+class OuterOptions:
+    """The outer step's options, shared by the modes that have one (each mode's own default
+    where not given)."""
+
+    global_lr: float | None = field(default=None, metadata={
+        "flags": ("-gl", "--global-lr"),
+        "help": "global (outer) learning rate on the combined weight delta (default: 1 for "
+                "esync, 0.7 for esync-outer, diloco, async-local-sgd; 1 for fedbuff)"})
+    outer_momentum: float | None = field(default=None, metadata={
+        "flags": ("--outer-momentum",),
+        "help": "Nesterov momentum of the global update (default: 0 for esync and fedbuff, "
+                "0.9 for esync-outer, diloco, async-local-sgd)"})
+
+    def validate_outer(self) -> None:
+        from hetsync.config import invalid_option
+
+        if self.global_lr is not None and not 0 < self.global_lr < float("inf"):
+            raise invalid_option(self, "global_lr", "a finite number > 0")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise invalid_option(self, "outer_momentum", "a number in [0, 1)")
 
 
 def contribution(delta: torch.Tensor, steps: int, weighting: str) -> torch.Tensor:
@@ -54,32 +77,40 @@ def combine(summed: torch.Tensor, workers: int, weighting: str) -> tuple[torch.T
     raise ValueError(f"unknown weighting {weighting!r}; expected one of {', '.join(WEIGHTINGS)}")
 
 
-@dataclass
-class OuterOptimizer:
-    """SGD with optional Nesterov momentum on the combined delta (see the module docstring).
-    Each round's sum is one step, also when it is applied a round late (ESync's overlap): the
-    momentum sees every round once."""
+def outer_optimizer(weights: torch.Tensor, lr: float, momentum: float) -> torch.optim.SGD:
+    """The outer optimizer over the flat global `weights` (a tensor the caller keeps and
+    updates only in place): SGD at `lr`, with Nesterov momentum `momentum` if it is > 0."""
+    return torch.optim.SGD([weights], lr=lr, momentum=momentum, nesterov=momentum > 0)
 
-    lr: float = 1.0
-    momentum: float = 0.0
-    buffer: torch.Tensor | None = None
 
-    def step(self, weights: torch.Tensor, vector: torch.Tensor, scale: float) -> None:
-        """w ← w + lr·(D + μ·b), D = scale·vector, in place."""
-        if self.momentum == 0:
-            weights.add_(vector, alpha=self.lr * scale)
-            return
-        delta = vector * scale
-        if self.buffer is None:
-            self.buffer = delta.clone()
-        else:
-            self.buffer.mul_(self.momentum).add_(delta)
-        weights.add_(delta + self.momentum * self.buffer, alpha=self.lr)
+def outer_step(optimizer: torch.optim.Optimizer, delta: torch.Tensor) -> None:
+    """One outer step on the combined delta D: the pseudo-gradient is −D. Each round's sum is
+    one step, also when it is applied a round late (ESync's overlap): the momentum sees every
+    round once."""
+    (weights,) = optimizer.param_groups[0]["params"]
+    weights.grad = -delta.to(weights)
+    optimizer.step()
+    weights.grad = None
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"lr": self.lr, "momentum": self.momentum,
-                "buffer": None if self.buffer is None else self.buffer.clone()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.lr, self.momentum = float(state["lr"]), float(state["momentum"])
-        self.buffer = None if state["buffer"] is None else state["buffer"].clone()
+def momentum_buffer(optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """The outer optimizer's momentum buffer b (None before its first step, or without
+    momentum)."""
+    (weights,) = optimizer.param_groups[0]["params"]
+    return optimizer.state.get(weights, {}).get("momentum_buffer")
+
+
+def set_momentum_buffer(optimizer: torch.optim.Optimizer, buffer: torch.Tensor | None) -> None:
+    """Set b (after a regroup every survivor takes rank 0's); None: as before a first step."""
+    (weights,) = optimizer.param_groups[0]["params"]
+    optimizer.state.pop(weights, None)
+    if buffer is not None:
+        optimizer.state[weights]["momentum_buffer"] = buffer.clone()
+
+
+def describe_outer(optimizer: torch.optim.Optimizer) -> str:
+    """e.g. "Nesterov lr 0.7 momentum 0.9", or "SGD lr 1"."""
+    group = optimizer.param_groups[0]
+    if group["momentum"]:
+        return f"Nesterov lr {group['lr']:g} momentum {group['momentum']:g}"
+    return f"SGD lr {group['lr']:g}"

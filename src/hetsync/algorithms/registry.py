@@ -29,7 +29,9 @@ from typing import Any, Callable
 
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
                     "hetsync.algorithms.sync",
-                    "hetsync.algorithms.esync", "hetsync.algorithms.async_ps",
+                    "hetsync.algorithms.esync", "hetsync.algorithms.diloco",
+                    "hetsync.algorithms.async_ps", "hetsync.algorithms.async_local_sgd",
+                    "hetsync.algorithms.fedbuff",
                     "hetsync.algorithms.eager", "hetsync.algorithms.selsync",
                     "hetsync.algorithms.gradient_dropping", "hetsync.algorithms.dgc",
                     "hetsync.algorithms.dgs", "hetsync.algorithms.baselines")
@@ -46,10 +48,15 @@ class ModeSpec:
         options: the mode's own options, a dataclass whose fields carry ``flags`` and ``help``
             in their metadata (as :class:`hetsync.config.Config`'s) and that may have a
             ``validate()`` raising :class:`hetsync.config.ConfigError`; ``None``: no options.
-        server_rule: ``(weights, lr, options, layout) -> ServerRule`` for the parameter
-            server's asynchronous requests (``layout``: the
-            :class:`~hetsync.compression.Layout` of the flat weights' layers); ``None``: the
-            server (if any) only sums.
+        server_rule: ``(weights, lr, options, layout, workers) -> ServerRule`` for the
+            parameter server's asynchronous requests (``layout``: the
+            :class:`~hetsync.compression.Layout` of the flat weights' layers; ``workers``: how
+            many push to it); ``None``: the server (if any) only sums.
+        push_extra: numbers a push carries after the model's (the server refuses any other
+            length), e.g. a worker's local steps and step time.
+        sum_length: ``(model numel, BatchNorm statistics numel, options) -> int``: the longest
+            sum a worker sends over ``--collective ps`` (the server refuses longer ones);
+            ``None``: the model, its statistics and two counts.
         state_server: the workers need ESync's state server.
         parameter_server: the run needs a parameter-server rank whatever ``--collective`` says.
         collective: the mode aggregates through ``--collective`` (else through its own
@@ -74,6 +81,8 @@ class ModeSpec:
     state_server: bool = False
     parameter_server: bool = False
     collective: bool = True
+    push_extra: int = 0
+    sum_length: Callable[[int, int, Any], int] | None = None
     lr_scaling: str = "base"
     lr_note: str = "base"
     max_workers: int | None = None
@@ -107,6 +116,12 @@ class ModeSpec:
         """The name this run is recorded under (``resolve``, else the mode's own)."""
         return self.resolve(options) if self.resolve is not None else self.name
 
+    def longest_sum(self, model_numel: int, stats_numel: int, options) -> int:
+        """The longest sum this mode's workers send to a parameter server."""
+        if self.sum_length is not None:
+            return self.sum_length(model_numel, stats_numel, options)
+        return model_numel + stats_numel + 2
+
     def needs_parameter_server(self, collective: str) -> bool:
         return self.parameter_server or (self.collective and collective == "ps")
 
@@ -132,8 +147,8 @@ def register(spec: ModeSpec) -> ModeSpec:
                          f"(by {_REGISTRY[spec.name].worker.__module__})")
     from hetsync.config import Config
 
-    claimed = {flag: s for s in _REGISTRY.values() if s.name != spec.name
-               for f in s.option_fields()
+    claimed = {flag: (s, option_key(s.options, f)) for s in _REGISTRY.values()
+               if s.name != spec.name for f in s.option_fields()
                for flag in f.metadata["flags"]}
     common = {flag for f in dataclasses.fields(Config) for flag in f.metadata["flags"]}
     for f in spec.option_fields():
@@ -141,12 +156,20 @@ def register(spec: ModeSpec) -> ModeSpec:
             if flag in common:
                 raise ValueError(f"mode {spec.name!r}: option flag {flag} is one of every "
                                  f"run's (hetsync.config.Config)")
-            other = claimed.get(flag)
-            if other is not None and qualname(other.options) != qualname(spec.options):
+            other, key = claimed.get(flag, (None, None))
+            if other is not None and key != option_key(spec.options, f):
                 raise ValueError(f"mode {spec.name!r}: option flag {flag} is already an option "
                                  f"of mode {other.name!r}")
     _REGISTRY[spec.name] = spec
     return spec
+
+
+def option_key(options: type, f: dataclasses.Field) -> tuple[str, str]:
+    """An option's identity: the options class that declares field `f` (a base class that
+    several modes' options inherit, as `-gl` from `outer.OuterOptions`), and its name."""
+    owner = next(c for c in reversed(options.__mro__)
+                 if f.name in getattr(c, "__dataclass_fields__", {}))
+    return qualname(owner), f.name
 
 
 def qualname(cls: type) -> str:
@@ -201,9 +224,11 @@ def import_plugins(modules) -> None:
                              f"{type(err).__name__}: {err}") from None
 
 
-def build_server_rule(name: str, weights, lr: float, options=None, layout=None):
+def build_server_rule(name: str, weights, lr: float, options=None, layout=None,
+                      workers: int = 1):
     """The parameter server's rule for mode `name` (its `server_rule`) over the flat `weights`
-    whose layers `layout` gives (None: one layer); ValueError naming a mode that has none."""
+    whose layers `layout` gives (None: one layer), for `workers` workers; ValueError naming a
+    mode that has none."""
     from hetsync.compression import Layout
 
     spec = get(name)
@@ -212,4 +237,5 @@ def build_server_rule(name: str, weights, lr: float, options=None, layout=None):
         raise ValueError(f"mode {name!r} has no parameter-server rule; expected one of "
                          f"{', '.join(with_rule)}")
     return spec.server_rule(weights, lr, options if options is not None else spec.make_options(),
-                            layout if layout is not None else Layout((weights.numel(),)))
+                            layout if layout is not None else Layout((weights.numel(),)),
+                            workers)

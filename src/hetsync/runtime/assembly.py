@@ -107,10 +107,10 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
 
     params = [p for p in model.parameters() if p.requires_grad]
     weights = flatten(params).float().cpu()
-    rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params))
-            if spec.server_rule is not None else None)
+    rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params),
+                              len(worker_ranks)) if spec.server_rule is not None else None)
     stats_numel = sum(t.numel() for t in bn_statistics(model))
-    # a sum's own counts ride at its end: ESync's local steps τ, the round's contributors
-    return ParameterServer(worker_ranks, rule, timeout=timeout, numel=weights.numel(),
-                           sum_numel=weights.numel() + stats_numel + 2,
+    return ParameterServer(worker_ranks, rule, timeout=timeout,
+                           numel=weights.numel() + spec.push_extra,
+                           sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
                            linger=min(timeout, 30.0))

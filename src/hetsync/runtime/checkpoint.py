@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-VERSION = 1
+VERSION = 2  # 2: a local-step mode's outer optimizer is a torch.optim.SGD, its round length apart
 KEEP = 2
 DIR = "checkpoints"
 

@@ -1,0 +1,237 @@
+"""Rounds of local steps whose weight deltas are combined and applied by an outer optimizer:
+the state that ESync, `esync-outer` and DiLoCo are compositions of.
+
+Per round, on every worker:
+
+1. local steps of the worker's own optimizer (its state kept across rounds), until the round's
+   length policy (`hetsync.algorithms.round_length`) or `max_local_steps` ends the round;
+2. one all-reduce over the chosen collective of [BatchNorm statistics, SCAFFOLD's ḡ_i (with
+   drift correction, `hetsync.algorithms.scaffold`), the delta Δ = w_local − w_global as the
+   weighting asks (`hetsync.algorithms.outer.contribution`), τ_i, 1 if the worker took local
+   steps] — blocking, or (`overlap`) handed to the worker's background channel while the next
+   round's steps run;
+3. the outer optimizer (`hetsync.algorithms.outer`, a `torch.optim.SGD` on the pseudo-gradient
+   −D) steps w_global on the combined delta D; BatchNorm statistics ← their mean;
+4. w_local ← w_global + what was learnt since the send (nothing when blocking).
+
+With overlap (Shen et al., "Faster Distributed Deep Net Training: Computation and
+Communication Decoupled SGD", IJCAI 2019, as ESync's default here) a worker never idles for the
+others' sum; the steps taken meanwhile start from its own model rather than the average (one
+round of staleness at most), and one that finishes a round while the previous sum is still in
+flight waits for it (timed as `wait`). Evaluation sees w_global (`global_model`), and the model
+kept at the end is w_global: the steps since the last send are in no average.
+
+A worker that has joined (`hetsync.wrap`, no data left) sends zeros and is not counted; the
+mean is over the workers that took steps.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
+                                     pack, unflatten_into, with_count)
+from hetsync.algorithms.outer import (combine, contribution, describe_outer, momentum_buffer,
+                                      outer_optimizer, outer_step, set_momentum_buffer)
+from hetsync.algorithms.round_length import RoundLength, reached
+from hetsync.algorithms.scaffold import ControlVariates
+
+
+def global_update(defaults: dict[str, Any], options: Any) -> dict[str, Any]:
+    """The global update's settings: each option given (not None), else the mode's default."""
+    return {k: default if getattr(options, k, None) is None else getattr(options, k)
+            for k, default in defaults.items()}
+
+
+class LocalRounds(Mode):
+    """The parts composed (see the module docstring). A mode built on it passes its round
+    length, its global update's settings (global_lr, outer_momentum, weighting,
+    drift_correction), whether the sums overlap the next round, and a step limit."""
+
+    counts_contributors = True
+
+    def __init__(self, model, optimizer, comm, options, *, length: RoundLength,
+                 settings: dict[str, Any], overlap: bool = False, max_local_steps: int = 0):
+        super().__init__(model, optimizer, comm, options)
+        self.length, self.settings = length, settings
+        self.overlap, self.max_local_steps = overlap, max_local_steps
+        self.weighting = settings["weighting"]
+        self.variates = (ControlVariates() if settings["drift_correction"] == "scaffold"
+                         else None)
+        self.local_steps = 0
+        self._global: torch.Tensor | None = None   # w_global: the outer optimizer's parameter
+        self._global_stats: torch.Tensor | None = None
+        self.outer: torch.optim.Optimizer | None = None
+        # the aggregation in flight (overlap): the sum's future, and what this worker sent
+        self._pending = None
+        self._sent: tuple[torch.Tensor, torch.Tensor] | None = None  # (w_local, BN stats)
+
+    @property
+    def control(self) -> ControlPath:
+        return ControlPath.BACKGROUND if self.overlap else ControlPath.BLOCKING
+
+    def setup(self) -> None:
+        """Every worker starts from rank 0's model; the outer optimizer holds w_global."""
+        self.broadcast_model()
+        self._hold(flatten(self.parameters()))
+        stats = bn_statistics(self.model)
+        self._global_stats = pack(stats).clone() if stats else None
+
+    def _hold(self, weights: torch.Tensor) -> None:
+        """w_global ← a copy of `weights`, and an outer optimizer over it at this run's
+        settings."""
+        self._global = weights.detach().clone().to(self.parameters()[0].device)
+        self.outer = outer_optimizer(self._global, self.settings["global_lr"],
+                                     self.settings["outer_momentum"])
+
+    def poll(self) -> None:
+        """Apply a sum that came in."""
+        if self._pending is not None and self._pending.done():
+            self.settle()
+
+    def decide(self, step: Step) -> Action:
+        if self.joined:  # no data left (hetsync.wrap): one round per step, no local update
+            return Action.AVERAGE_MODELS
+        steps = self.local_steps + 1
+        if self.length.ends_round(step, steps) or reached(steps, self.max_local_steps):
+            return Action.AVERAGE_MODELS
+        return Action.LOCAL
+
+    def apply(self, action: Action) -> None:
+        if not self.joined:
+            if self.variates is not None:
+                self.variates.correct(self.parameters(), self.lr)
+            self.optimizer.step()
+            self.local_steps += 1
+        if action is Action.AVERAGE_MODELS:
+            self._aggregate()
+
+    def _aggregate(self) -> None:
+        self.settle()  # the previous round's sum, if it is still in flight
+        params, stats = self.parameters(), bn_statistics(self.model)
+        local = flatten(params)
+        sent_stats = pack(stats) if stats else torch.zeros(0)
+        self.length.round_over(self.round + 1)
+        self._sent = (local, sent_stats)
+        # [stats, ḡ_i (SCAFFOLD), weighted delta, τ], then 1 if this worker took local steps
+        # (one that has joined under hetsync.wrap sends its last steps, then zeros, and is
+        # not counted)
+        delta = local - self._global
+        variate = (self.variates.contribution(delta) if self.variates is not None
+                   else torch.zeros(0))
+        buffer = with_count(torch.cat([sent_stats, variate, contribution(
+            delta, self.local_steps, self.weighting)]), self.local_steps > 0)
+        if self.overlap:
+            self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
+        else:
+            self._apply_sum(self.comm.all_reduce(buffer))
+        self.round += 1
+        self.local_steps = 0
+
+    def settle(self) -> None:
+        """Apply the sum in flight, waiting for it if need be (timed as `wait`: a worker
+        blocks here only while a slower one has not sent its delta yet)."""
+        if self._pending is None:
+            return
+        with self.comm.clock.phase("wait"):
+            summed, self._pending = self._pending.result(), None
+            self._apply_sum(summed)
+
+    def _apply_sum(self, summed: torch.Tensor) -> None:
+        """Steps 3 and 4 of the module docstring."""
+        (sent, sent_stats), self._sent = self._sent, None
+        params, stats = self.parameters(), bn_statistics(self.model)
+        m = sent_stats.numel()
+        v = m + (sent.numel() if self.variates is not None else 0)
+        count = self.contributors = int(round(float(summed[-1])))
+        if count:  # (none: every worker has joined; nothing to apply)
+            vector, scale = combine(summed[v:-1], count, self.weighting)
+            outer_step(self.outer, vector * scale)
+            if self.variates is not None:
+                self.variates.update(summed[m:v], count)
+            if stats:
+                self._global_stats = summed[:m] / count
+        unflatten_into(self._global + (flatten(params) - sent), params)
+        if stats:
+            unflatten_into(self._global_stats + (pack(stats) - sent_stats), stats)
+
+    def rejoin(self) -> None:
+        """After a regroup: the sum in flight is dropped, with the local steps since the
+        last one applied; rank 0's global weights, BatchNorm statistics, outer momentum and
+        round become everyone's (one broadcast), and each worker starts its next round from
+        them."""
+        self._pending = self._sent = None
+        self.local_steps = 0
+        stats = self._global_stats if self._global_stats is not None else torch.zeros(0)
+        buffer = momentum_buffer(self.outer)
+        buffer = buffer if buffer is not None else torch.zeros(0)
+        sizes = [self._global.numel(), stats.numel(), buffer.numel()]
+        sizes = self.comm.broadcast(torch.tensor(sizes + [self.round], dtype=torch.float64))
+        state = self.comm.broadcast(
+            torch.cat([self._global, stats.to(self._global), buffer.to(self._global)])
+            if self.comm.rank == 0 else self._global.new_zeros(int(sum(sizes[:3]))))
+        weights, stats, buffer = state.split([int(n) for n in sizes[:3]])
+        self._global.copy_(weights)
+        self._global_stats = stats.clone() if stats.numel() else None
+        set_momentum_buffer(self.outer, buffer if buffer.numel() else None)
+        self.round = int(sizes[3])
+        self._load(self._global, self._global_stats)
+        self.optimizer.state.clear()  # local momentum belongs to the dropped steps
+        if self.variates is not None:
+            self.variates.reset()
+
+    @contextmanager
+    def global_model(self) -> Iterator[None]:
+        """Hold w_global (and the global BN statistics) in the model meanwhile."""
+        stats = bn_statistics(self.model)
+        local = (flatten(self.parameters()), pack(stats) if stats else None)
+        self._load(self._global, self._global_stats)
+        try:
+            yield
+        finally:
+            self._load(*local)
+
+    def _load(self, weights: torch.Tensor, stats: torch.Tensor | None) -> None:
+        unflatten_into(weights, self.parameters())
+        if stats is not None:
+            unflatten_into(stats, bn_statistics(self.model))
+
+    def finish(self) -> None:
+        self.settle()
+        super().finish()
+        # The steps taken since the last send are in no average: keep the global model.
+        self._load(self._global, self._global_stats)
+
+    def describe(self) -> dict[str, Any]:
+        return {"global_update": self.settings, "outer": describe_outer(self.outer),
+                "overlap": self.overlap, "max_local_steps": self.max_local_steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Round, the global weights and BatchNorm statistics, the outer optimizer, the
+        round length's state, the control variates. A sum still in flight is not state:
+        `settle` it first (the loop does at the end)."""
+        if self._pending is not None:
+            raise RuntimeError(f"{type(self).__name__}.state_dict(): a sum is in flight; call "
+                               f"settle() first")
+        return {"round": self.round, "global_weights": self._global.clone(),
+                "global_bn_stats": (None if self._global_stats is None
+                                    else self._global_stats.clone()),
+                "outer": self.outer.state_dict(), "length": self.length.state_dict(),
+                "variates": None if self.variates is None else self.variates.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self._hold(state["global_weights"])
+        stats = state["global_bn_stats"]
+        self._global_stats = None if stats is None else stats.clone()
+        self.outer.load_state_dict(state["outer"])
+        for group in self.outer.param_groups:  # this run's rate, not the checkpoint's
+            group.update(lr=self.settings["global_lr"], momentum=self.settings["outer_momentum"],
+                         nesterov=self.settings["outer_momentum"] > 0)
+        self.length.load_state_dict(state["length"])
+        if self.variates is not None and state.get("variates") is not None:
+            self.variates.load_state_dict(state["variates"])
+        self.local_steps = 0
