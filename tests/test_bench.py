@@ -292,3 +292,11 @@ def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
         assert run["summary"][key] == pytest.approx(sum(each) / 2), key
     accs = [r["summary"]["final_accuracy"] for r in seeds.values()]
     assert f"{min(accs):.4f}–{max(accs):.4f}" in (results / "bench-r.md").read_text()
+
+
+def test_a_failed_runs_note_ends_with_the_exception_its_log_ends_with():
+    error = ("seed 2: rank-0 exited with code 1; the others were stopped. Its log (r.log) ends "
+             "with:\n  File \"x.py\", line 3\nImportError: cannot import name 'X'\n"
+             "To continue from its last checkpoint: hetsync launch --resume runs/r")
+    assert modes.in_one_line(error).endswith("ends with: ImportError: cannot import name 'X'")
+    assert modes.in_one_line("seed 0: no accuracy\nmore") == "seed 0: no accuracy"

@@ -117,7 +117,12 @@ FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SG
     # (its parameter server gives the silent worker up after min(--timeout, 30) s, and the
     # run ends only then: 15, not 30)
     "async": ["-m", "async", "--workers", "2", "--slowdowns", "1,2", "--timeout", "15"],
+    # a mode registered outside hetsync (tests/test_mode_registry.py): it stops, and resumes
+    "plugin": ["--plugin", "test_mode_registry", "-m", "toy-every-k", "--toy-period", "3",
+               "--workers", "2", "--slowdowns", "1,2"],
 }
+#: the families whose workers cannot go on without one: the run stops and is resumed
+STOPS = ("sync", "plugin")
 
 
 @pytest.mark.slow
@@ -129,7 +134,11 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
            "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
            # rank 0 waits the whole grace for the dead rank: 2 s of the 8 s, not 5
            "--regroup-grace", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+            os.pathsep) if p])}  # the plugin's module
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     # kill rank 1 at a random moment once both workers wrote a checkpoint
     deadline = time.monotonic() + 120
     while (not all(any(run.glob(f"checkpoints/*/rank-{r}.pt")) for r in (0, 1))
@@ -140,7 +149,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert pid is not None, "rank 1 is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    if family != "sync":  # async: each worker talks only to the parameter server; esync,
+    if family not in STOPS:  # async: each worker talks only to the parameter server; esync,
         # eager-solo: the others regroup without it (runtime/membership.py): all go on
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
@@ -180,7 +189,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
 
     resumed = subprocess.run([sys.executable, "-m", "hetsync", "launch", "--resume", str(run),
                               "--quiet", "--no-figures"], capture_output=True, text=True,
-                             timeout=180)
+                             timeout=180, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     evals = _evals(run)
     times = [e["train_time"] for e in evals]
@@ -201,7 +210,11 @@ def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_pat
            "--slowdowns", "1,2,2,2", "--time-budget", "30", "--eval-interval", "1",
            "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
            "--timeout", "10", "--regroup-grace", "5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+            os.pathsep) if p])}  # the plugin's module
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     deadline = time.monotonic() + 120
     # both have recorded a round: a rank that dies before its first record died setting up,
     # and the launcher stops the run (`Cluster.lose`)

@@ -202,3 +202,20 @@ def test_scaffold_sums_fit_the_parameter_server(tmp_path):
     run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
     s = summarize(run_dir)
     assert s["complete"] and s["final_accuracy"] > 0.5
+
+
+def test_diloco_keeps_its_inner_adamw_state_across_rounds():
+    torch.manual_seed(0)
+    model = SmallNet()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    algo = DiLoCo(model, opt, CommContext(), DiLoCoOptions(inner_steps=2))
+    algo.setup()
+    x, y = batch(0)
+    for _ in range(4):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        algo.poll()
+        algo.apply(algo.decide(Step(0.0, 0.01)))
+    assert algo.round == 3  # two rounds of two inner steps done
+    state = opt.state[model.conv.weight]
+    assert int(state["step"]) == 4 and state["exp_avg_sq"].abs().sum() > 0  # not reset

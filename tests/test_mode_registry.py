@@ -128,3 +128,24 @@ def test_wrap_under_torchrun_without_a_process_group_says_so(monkeypatch):
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"WORLD_SIZE=3 but no process group.*init_process_group"):
         hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync")
+
+
+@pytest.mark.slow
+def test_the_toy_mode_runs_through_the_bench(tmp_path, monkeypatch):
+    from hetsync.cli import main
+
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    results = tmp_path / "results"
+    code = main(["bench", "--plugin", "test_mode_registry", "--modes", TOY, "--baselines", "",
+                 "--reference", "", "--toy-period", "3", "--workers", "2", "--slowdowns", "1,2",
+                 "-n", "mlp", "--dataset", "synthetic", "--time-budget", "3",
+                 "--eval-interval", "1", "--timeout", "30", "--quiet", "--name", "toy",
+                 "-ld", str(tmp_path / "runs"), "--results-dir", str(results)])
+    assert code == 0
+    (run,) = json.loads((results / "bench-toy.json").read_text())["runs"]
+    assert run["label"] == TOY and run["summary"]["final_accuracy"] > 0.5
+    records = [json.loads(line) for line in
+               (Path(run["run_dir"]) / "worker-0.jsonl").read_text().splitlines()]
+    assert all(r["local_steps"] == 3 for r in records)  # --toy-period reached the workers

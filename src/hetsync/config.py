@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.data.partition import PARTITIONS
+
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
-PARTITIONS = ("iid", "shared", "class", "dirichlet")
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
+OPTIMIZERS = ("sgd", "adamw")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic")
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
 #: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
@@ -75,6 +77,12 @@ class Config:
                             "help": "SGD momentum of the local optimizer (ESync uses 0)"})
     nesterov: bool = field(default=False, metadata={"flags": ("--nesterov",),
                            "help": "Nesterov's form of --momentum in the local optimizer (0/1)"})
+    optimizer: str = field(default="sgd", metadata={"flags": ("--optimizer",),
+        "help": "the workers' local (inner) optimizer: sgd (with --momentum, --nesterov) or "
+                "adamw (torch's, its state kept across rounds: DiLoCo's inner optimizer)"})
+    weight_decay: float = field(default=0.0, metadata={"flags": ("--weight-decay",),
+        "help": "weight decay of the local optimizer (sgd: L2 in the gradient; adamw: "
+                "decoupled)"})
     gpu: int = field(default=-1, metadata={"flags": ("-g", "--gpu"),
                      "help": "GPU index to train on; -1 = CPU"})
     cpu: bool = field(default=False, metadata={"flags": ("-c", "--cpu"),
@@ -288,6 +296,12 @@ class Config:
             raise bad("nesterov", "0 unless --momentum is > 0 (Nesterov's form of momentum)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise bad("lr_schedule", f"one of {', '.join(LR_SCHEDULES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", " or ".join(OPTIMIZERS))
+        if self.optimizer != "sgd" and self.momentum:
+            raise bad("momentum", f"0 with --optimizer {self.optimizer} (its own betas)")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise bad("weight_decay", "a finite number >= 0")
         if not 0 <= self.lr_final <= 1:
             raise bad("lr_final", "a fraction of -l in [0, 1]")
         if not 0 < self.dirichlet_alpha < math.inf:
@@ -372,7 +386,29 @@ class Config:
                 and self.epochs is None):
             raise bad("lr_schedule", "constant without --time-budget or --epochs (a schedule "
                                      "decays over the run's length)")
+        self._check_optimizer()
         return self
+
+    def local_optimizer(self, params, lr: float):
+        """The workers' local (inner) optimizer (`--optimizer`, `--momentum`, `--nesterov`,
+        `--weight-decay`) over `params` at rate `lr`."""
+        import torch
+
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
+                               weight_decay=self.weight_decay)
+
+    def _check_optimizer(self) -> None:
+        """The mode applies the local optimizer as given, or says why not (one line): e.g.
+        ASGD's parameter server applies plain SGD to every push."""
+        import torch
+
+        try:
+            self.spec.worker.check_optimizer(
+                self.local_optimizer([torch.zeros(1, requires_grad=True)], self.lr))
+        except ValueError as err:
+            raise ConfigError(f"--optimizer/--momentum/--weight-decay: {err}") from None
 
     def validate_data(self, split) -> list:
         """The workers' shards of `split`'s training set (`split`: a

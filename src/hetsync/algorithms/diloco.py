@@ -3,8 +3,8 @@ Language Models", 2023), as torchft's `DiLoCo` runs it.
 
 Per round, on every worker:
 
-1. H steps of the worker's inner optimizer (the run's: SGD, with `--momentum`/`--nesterov` if
-   given), its state kept across rounds;
+1. H steps of the worker's inner optimizer (the run's `--optimizer`: SGD with `--momentum`,
+   `--nesterov` if given, or AdamW as the paper), its state kept across rounds;
 2. all-reduce the deltas Δ_i = w_i − w_global (with the BatchNorm statistics in the same
    buffer); D = mean Δ_i;
 3. the outer optimizer, SGD with Nesterov momentum (lr 0.7, μ 0.9 as published), steps

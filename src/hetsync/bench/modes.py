@@ -51,9 +51,9 @@ from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, OPTION_PREFIX,
-                            PARTITIONS, ArgumentParser, Config, ConfigError, add_option_arguments,
-                            given_options, unwritable_dir)
+from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, NAMED_PARSERS,
+                            OPTION_PREFIX, PARTITIONS, ArgumentParser, Config, ConfigError,
+                            add_option_arguments, given_options, unwritable_dir)
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--repeats", type=_positive(int), default=1,
       help="runs per mode, seeds SEED..SEED+N-1; the table shows medians and ranges "
       "(default: 1)")
+    a("--plugin", dest="plugins", type=NAMED_PARSERS["names"], default=(),
+      help="M1,M2,...: modules that register modes, imported first in every run's processes "
+      "(as launch's --plugin)")
     a("--name", default=None, help="name of this bench (default: the date and time)")
     a("-ld", "--log-dir", default="runs", help="where run directories go (default: runs)")
     a("--results-dir", default="results",
@@ -300,7 +303,8 @@ def base_config(args, log_dir: Path) -> Config:
                   timeout=args.timeout, eval_interval=args.eval_interval,
                   time_budget=time_budget, cores=args.cores,
                   oversubscribe=bool(args.oversubscribe), evaluator=True,
-                  epochs=args.epochs, log_dir=str(log_dir), lr=args.lr)
+                  epochs=args.epochs, log_dir=str(log_dir), lr=args.lr,
+                  plugins=tuple(args.plugins))
 
 
 def mode_options(args, spec) -> dict:
@@ -576,8 +580,18 @@ def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after
         for x in r.repeats or [r]:  # an emulated device that did not keep its speed
             for line in (x.summary or {}).get("warnings", []):
                 notes.append(f"warning: {x.run_dir.name if x.run_dir else r.label}: {line}")
-    notes += [f"{r.label} failed: {r.error.splitlines()[0]}" for r in results if r.error]
+    notes += [f"{r.label} failed: {in_one_line(r.error)}" for r in results if r.error]
     return notes
+
+
+def in_one_line(error: str) -> str:
+    """A failed run's error for a note: its first line, and where that announces the log's
+    end, the log's last line (the exception)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()
+             and not line.startswith("To continue from its last checkpoint")]
+    if lines[0].endswith("ends with:") and len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return lines[0]
 
 
 def main(argv: list[str] | None = None) -> int:

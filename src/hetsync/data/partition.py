@@ -15,7 +15,8 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from hetsync.config import PARTITIONS  # the kinds partition() accepts
+#: the kinds partition() accepts
+PARTITIONS = ("iid", "shared", "class", "dirichlet")
 
 __all__ = ["PARTITIONS", "iid_partition", "shared_partition", "class_partition",
            "dirichlet_partition", "partition"]

@@ -142,9 +142,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                                    batch_size=cfg.batch_size, workers=cfg.workers,
                                    alpha=cfg.inject_alpha, beta=cfg.inject_beta,
                                    seed=cfg.seed * 1000 + rank)
-    optimizer = torch.optim.SGD(model.parameters(), momentum=cfg.momentum,
-                                nesterov=cfg.nesterov,
-                                lr=spec.worker.optimizer_lr(cfg.lr, options))
+    optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
     assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
