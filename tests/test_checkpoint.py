@@ -75,6 +75,17 @@ def test_collective_modes_resume_where_every_worker_can():
     assert checkpoint.choose([[5], [4]], 1, collective=True) is None
 
 
+def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
+    for rank in (0, 1):
+        checkpoint.Checkpointer(tmp_path, rank).write({"x": torch.ones(1)})
+    checkpoint.Checkpointer(tmp_path, 0, start=1).write({"x": torch.ones(1)})  # after a loss
+    assert checkpoint.resumable(tmp_path, 2, collective=True)  # checkpoint 1, both ranks
+    assert checkpoint.resumable(tmp_path, 3, collective=False) is False  # rank 2 has none
+    (tmp_path / "checkpoints" / "000001" / "rank-0.pt").write_bytes(b"torn")
+    assert checkpoint.resumable(tmp_path, 2, collective=True) is False  # no common one
+    assert checkpoint.resumable(tmp_path, 2, collective=False)  # each its own newest
+
+
 def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
     path = tmp_path / "worker-0.jsonl"
     path.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 6)) + '{"round": 6, "tr')

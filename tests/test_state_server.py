@@ -2,6 +2,7 @@
 
 import http.client
 import json
+import statistics
 
 import pytest
 
@@ -365,11 +366,25 @@ def test_an_esync_run_survives_a_killed_state_server_with_its_step_spread_restor
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert "the state server exited with code -9; started it again" in out
-    fast = [r["local_steps"] for r in rows(0) if r["round"] > killed_at_round + 10]
+    after = [r for r in rows(0) if r["round"] > killed_at_round + 10]
+    fast = [r["local_steps"] for r in after]
     spread = [r["local_steps"] for r in before[-20:]]
-    # the fastest worker (4x the slowest) runs several local steps a round again, as before
-    assert len(fast) >= 10 and sum(fast) / len(fast) >= 2.0, fast
-    assert sum(spread) / len(spread) >= 2.0, spread
+
+    def step_time(records):  # the median step as the run measured it
+        return statistics.median(r["compute_s"] / r["local_steps"] for r in records
+                                 if r["local_steps"])
+
+    # How many of the fastest worker's steps fit in the slowest's (4x nominal; less on a busy
+    # machine), as the run itself measured them after the restart:
+    slow = [r for r in rows(2) if r["round"] > killed_at_round + 10]
+    fit = step_time(slow) / step_time(after)
+    # the fastest worker fills the slowest's step again, as it did before the kill: with a
+    # margin for rounds the planner cuts short, at least half of what fits, and more than one
+    # step a round wherever two fit
+    assert len(fast) >= 10, fast
+    for steps in (fast, spread):
+        mean = sum(steps) / len(steps)
+        assert mean >= 0.5 * fit and (fit < 2 or mean > 1.0), (fit, steps)
 
 
 def _figures(rank, rounds):

@@ -8,9 +8,41 @@ __version__ = "0.1.0"
 
 
 def wrap(optimizer, model, mode: str = "esync", **kwargs):
-    """Wrap `optimizer` so that `step()` runs `mode`; see
-    `hetsync.distributed_optimizer.DistributedOptimizer`. (The module is not called `wrap`:
-    importing it would rebind this name to the module.)"""
+    """Wrap `optimizer` so that `step()` runs `mode` among the processes of torch.distributed's
+    default group (started by torchrun), in the user's own training loop.
+
+    Call it after `dist.init_process_group` and after building the model and optimizer; then
+    train as before (`zero_grad`, `backward`, `step`), evaluate inside
+    `opt.global_model()`, and call `opt.finish()` once every rank is done (an agreed stop:
+    ranks whose data ran out take part contributing nothing until all are done).
+
+    Args:
+        optimizer: the local optimizer (`torch.optim.Optimizer`); a mode that cannot apply it
+            refuses it in one line (ASGD's server applies plain SGD).
+        model: the `torch.nn.Module` it optimizes; every rank starts from rank 0's.
+        mode: any of `hetsync launch --help`'s modes but the PyTorch baselines (ddp,
+            post-local-sgd): e.g. "esync", "esync-outer", "diloco", "sync", "async",
+            "async-local-sgd", "fedbuff", "selsync", "eager-solo".
+        collective: "native", "ring", "butterfly", "binary-blocks" or "ps".
+        group: the process group of the workers (default: all ranks, less the parameter
+            server's where the mode has one).
+        state_server: (host, port) of ESync's state server; default: rank 0 starts one.
+        ps_rank: the parameter server's rank (default: the last); that rank calls
+            `hetsync.serve_parameters` instead.
+        timeout: seconds before a silent peer is taken as dead (default 120).
+        slowdown: emulate a device this many times slower (default 1).
+        run_dir / log_dir: where rank 0 writes the run's records (`run.json`,
+            `worker-R.jsonl`, `eval.jsonl`): a run directory, or a directory to make one in.
+        **options: the mode's own options, named as its flags' long form with underscores
+            (`-gl`/`--global-lr` is `global_lr=0.7`, `--inner-steps` is `inner_steps=8`);
+            another mode's option is refused naming it.
+
+    Returns a `hetsync.distributed_optimizer.DistributedOptimizer`: a `torch.optim.Optimizer`
+    with `step()`, `zero_grad()`, `param_groups`, `state_dict()`/`load_state_dict()` (the
+    mode's state included), `global_model()`, `record_evaluation(accuracy, loss)`,
+    `finish()`, and `workers`, `rank` (this worker's place among them, for a sampler),
+    `round` and `mode`. (The module is not called `wrap`: importing it would rebind this
+    name.)"""
     from hetsync.distributed_optimizer import wrap as _wrap
 
     return _wrap(optimizer, model, mode, **kwargs)
@@ -18,8 +50,17 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
 
 def serve_parameters(optimizer, model, mode: str = "async", **kwargs) -> bool:
     """On the parameter server's rank of a mode that needs one: serve until every worker has
-    finished, and return True; elsewhere return False at once; see
-    `hetsync.distributed_optimizer.serve_parameters`."""
+    finished, and return True; elsewhere return False at once. Call it before `wrap`, with
+    the same arguments:
+
+        if hetsync.serve_parameters(optimizer, model, mode="async"):
+            return   # this process was the server
+        opt = hetsync.wrap(optimizer, model, mode="async")
+
+    Args: `optimizer` (its rate is the server's), `model` (the server starts from its
+    weights), `mode`, and as `wrap`: `collective`, `ps_rank` (default: the last rank),
+    `timeout`, and the mode's `**options` (a server rule's, e.g. `dcasgd_lambda=0.04`,
+    `buffer_size=2`)."""
     from hetsync.distributed_optimizer import serve_parameters as _serve
 
     return _serve(optimizer, model, mode, **kwargs)

@@ -90,7 +90,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         spec = registry.get(mode)
         if spec.baseline:
             raise ValueError(f"mode {mode!r} is PyTorch's own scheme, run by hetsync only as a "
-                             f"baseline: use it directly in your loop")
+                             f"baseline: use it directly in your loop (hetsync.wrap's modes: "
+                             f"{', '.join(registry.names(baseline=False))})")
         opts = spec.make_options(options)
         if opts is not None and hasattr(opts, "validate"):
             opts.validate()

@@ -38,6 +38,7 @@ drawn afresh.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -130,6 +131,14 @@ def choose(per_rank: list[list[int]], rank: int, collective: bool) -> int | None
         common = set(per_rank[0]).intersection(*map(set, per_rank[1:]))
         return max(common) if common else None
     return per_rank[rank][0] if per_rank[rank] else None
+
+
+def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
+    """Whether `--resume run_dir` finds a checkpoint for every one of `workers` (as `choose`
+    would pick them), so that suggesting it is not suggesting what would fail."""
+    quiet = io.StringIO()  # (the resume itself reports what it skips)
+    per_rank = [loadable(run_dir, r, stream=quiet) for r in range(workers)]
+    return all(choose(per_rank, r, collective) is not None for r in range(workers))
 
 
 class Checkpointer:

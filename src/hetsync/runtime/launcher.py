@@ -353,7 +353,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 from hetsync.runtime import checkpoint
 
                 again = (f"\nTo continue from its last checkpoint: hetsync launch --resume "
-                         f"{run_dir}" if checkpoint.indices(run_dir) else "")
+                         f"{run_dir}" if checkpoint.resumable(run_dir, cfg.workers,
+                                                         not cfg.spec.asynchronous) else "")
                 raise LaunchError(f"{name} exited with code {code}; the others were stopped. "
                                   f"Its log ({cluster.logs / (name + '.log')}) ends with:\n"
                                   f"{_tail(cluster.logs / (name + '.log'))}{again}")
