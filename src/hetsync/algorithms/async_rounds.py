@@ -16,15 +16,13 @@ weights last received; at the end the worker takes the server's final weights.
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, unflatten_into)
-from hetsync.algorithms.round_length import FixedSteps
+from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, holding,
+                                     unflatten_into)
+from hetsync.algorithms.round_length import FixedSteps, StepTimes
 
 #: the numbers a push carries after the pseudo-gradient: τ_i, c_i
 PUSH_EXTRA = 2
@@ -49,14 +47,13 @@ class AsyncLocalRounds(Mode):
     """The worker side (see the module docstring)."""
 
     control = ControlPath.STORE
-    WINDOW = 9  # c_i: the median of the last WINDOW steps
 
     def __init__(self, model, optimizer, comm, options=None):
         super().__init__(model, optimizer, comm, options)
         self.options.validate()
         self.length = FixedSteps(self.options.inner_steps)
         self.local_steps = 0
-        self._recent: deque[float] = deque(maxlen=self.WINDOW)
+        self._times = StepTimes()  # c_i
         self._received: torch.Tensor | None = None
 
     def setup(self) -> None:
@@ -70,7 +67,7 @@ class AsyncLocalRounds(Mode):
         unflatten_into(self._received, self.parameters())
 
     def decide(self, step: Step) -> Action:
-        self._recent.append(step.duration)
+        self._times.add(step.duration)
         return Action.PUSH if self.length.ends_round(step, self.local_steps + 1) else Action.LOCAL
 
     def apply(self, action: Action) -> None:
@@ -82,7 +79,7 @@ class AsyncLocalRounds(Mode):
     def _push(self) -> None:
         local = flatten(self.parameters())
         payload = torch.cat([self._received - local, local.new_tensor(
-            [float(self.local_steps), statistics.median(self._recent)])]).float().cpu()
+            [float(self.local_steps), self._times.median])]).float().cpu()
         with self.comm.clock.phase("comm"):
             answer = self.comm.ps_client.push_pull(payload)
         self._take(answer[:-1])
@@ -90,16 +87,9 @@ class AsyncLocalRounds(Mode):
         self.local_steps = 0
         self.round += 1
 
-    @contextmanager
-    def global_model(self) -> Iterator[None]:
+    def global_model(self):
         """Hold the weights last received meanwhile."""
-        params = self.parameters()
-        local = flatten(params)
-        unflatten_into(self._received, params)
-        try:
-            yield
-        finally:
-            unflatten_into(local, params)
+        return holding(self.parameters(), self._received)
 
     def join(self) -> None:
         """No data left (hetsync.wrap): push the round's steps, so none is lost; the worker
@@ -120,12 +110,11 @@ class AsyncLocalRounds(Mode):
 
     def state_dict(self) -> dict[str, Any]:
         return {"round": self.round, "received": self._received.clone(),
-                "next_steps": self.length.steps, "recent_step_times": list(self._recent)}
+                "next_steps": self.length.steps, "recent_step_times": self._times.as_list()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
         self._received = state["received"].clone().to(self.parameters()[0].device)
         self.length = FixedSteps(int(state["next_steps"]))
-        self._recent = deque((float(t) for t in state["recent_step_times"]),
-                             maxlen=self.WINDOW)
+        self._times = StepTimes(state["recent_step_times"])
         self.local_steps = 0

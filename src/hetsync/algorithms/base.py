@@ -378,6 +378,18 @@ def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         raise ValueError(f"flat buffer has {flat.numel()} elements, tensors need {offset}")
 
 
+@contextmanager
+def holding(tensors: list[torch.Tensor], flat: torch.Tensor) -> Iterator[None]:
+    """`tensors` hold the consecutive slices of `flat` meanwhile, then their own values again
+    (a mode's `global_model` where the model's weights are its local ones)."""
+    own = flatten(tensors)
+    unflatten_into(flat, tensors)
+    try:
+        yield
+    finally:
+        unflatten_into(own, tensors)
+
+
 def gradients(params: list[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
 

@@ -41,8 +41,6 @@ slowdown; the local update that follows it (a small fraction of a step) is not i
 from __future__ import annotations
 
 import secrets
-import statistics
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -52,6 +50,7 @@ from hetsync.algorithms.base import Step
 from hetsync.algorithms.local_rounds import LocalRounds, global_update
 from hetsync.algorithms.outer import WEIGHTINGS, OuterOptions
 from hetsync.algorithms.registry import ModeSpec, register
+from hetsync.algorithms.round_length import StepTimes
 from hetsync.algorithms.scaffold import DRIFT_CORRECTIONS
 from hetsync.state.policy import Decision, would_overrun
 
@@ -115,13 +114,10 @@ class StatePlan:
     when a round is over, read the state server's plan after the next round's first step
     (`poll`), then end the round when one more step would overrun the slowest's time."""
 
-    WINDOW = 9  # c = median of the last WINDOW steps: the round's first step, which every
-    #             worker takes at once on shared cores, is not the typical one
-
     def __init__(self, comm) -> None:
         self.comm = comm
         self.step_time: float | None = None
-        self._recent: deque[float] = deque(maxlen=self.WINDOW)
+        self._times = StepTimes()
         self._deadline: float | None = None  # local clock: when the round should end
         self._planned = 0  # the steps the server planned for this round
         self._epsilon = 0.0
@@ -137,8 +133,7 @@ class StatePlan:
             self._plan = None
 
     def ends_round(self, step: Step, steps: int) -> bool:
-        self._recent.append(step.duration)
-        c = self.step_time = statistics.median(self._recent)
+        c = self.step_time = self._times.add(step.duration)
         if self._deadline is None:  # the round's first step
             answer, self._answer = self._answer, None
             if answer is None or answer.ready or answer.time_left is None:
@@ -166,16 +161,15 @@ class StatePlan:
     def joined(self) -> None:
         """No data left (hetsync.wrap): from now on report a negligible step time, so the
         rounds are planned around the workers still computing."""
-        self._recent = deque([1e-6], maxlen=self.WINDOW)
+        self._times = StepTimes([1e-6])
         self.step_time = 1e-6
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent_step_times": list(self._recent)}
+        return {"recent_step_times": self._times.as_list()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._recent = deque((float(t) for t in state["recent_step_times"]),
-                             maxlen=self.WINDOW)
-        self.step_time = statistics.median(self._recent) if self._recent else None
+        self._times = StepTimes(state["recent_step_times"])
+        self.step_time = self._times.median
         self.forget()
 
 

@@ -19,13 +19,12 @@ Evaluation, checkpoints and the model left at the end hold the slow weights w.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from hetsync.algorithms.base import Action, Mode, Step, flatten, unflatten_into
+from hetsync.algorithms.base import Action, Mode, Step, flatten, holding, unflatten_into
 from hetsync.algorithms.outer import describe_outer, outer_optimizer, outer_step
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import reached
@@ -88,16 +87,9 @@ class Lookahead(Mode):
             self._steps = 0
             self.round += 1
 
-    @contextmanager
-    def global_model(self) -> Iterator[None]:
+    def global_model(self):
         """Hold the slow weights meanwhile."""
-        params = self.parameters()
-        fast = flatten(params)
-        unflatten_into(self._slow, params)
-        try:
-            yield
-        finally:
-            unflatten_into(fast, params)
+        return holding(self.parameters(), self._slow)
 
     def finish(self) -> None:
         unflatten_into(self._slow, self.parameters())  # the steps since the last outer one

@@ -12,7 +12,9 @@ a round is over (`round_over`, with the next round's number). The policies:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import statistics
+from collections import deque
+from typing import Any, Iterable, Protocol
 
 from hetsync.algorithms.base import Step
 
@@ -27,6 +29,28 @@ class RoundLength(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class StepTimes:
+    """A worker's step time c: the median of its last WINDOW steps (the round's first step,
+    which every worker takes at once on shared cores, is not the typical one)."""
+
+    WINDOW = 9
+
+    def __init__(self, times: Iterable[float] = ()) -> None:
+        self._recent: deque[float] = deque((float(t) for t in times), maxlen=self.WINDOW)
+
+    def add(self, seconds: float) -> float:
+        """Record a step; the step time now."""
+        self._recent.append(seconds)
+        return self.median
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self._recent) if self._recent else None
+
+    def as_list(self) -> list[float]:
+        return list(self._recent)
 
 
 def reached(steps: int, limit: int) -> bool:
