@@ -333,13 +333,13 @@ CASES = [
     (S + ["--host", "192.0.2.1"], "--host: invalid value '192.0.2.1'"),
     # ---- summarize, plot
     (["summarize", "x", "--targets", "nan"], "argument --targets: invalid value 'nan'"),
-    (["summarize", "x", "--targets", "0.8", "1.5"], "argument --targets: invalid value '1.5'"),
+    (["summarize", "x", "--targets", "0.8", "inf"], "argument --targets: invalid value 'inf'"),
     (["summarize", "x", "--targets", "0"], "argument --targets: invalid value '0'"),
     (["summarize", "/nonexistent/run"], "run directory /nonexistent/run does not exist"),
     (["summarize", "{data}/empty-set"], "run directory {data}/empty-set has no run.json"),
     (["summarize"], "the following arguments are required: RUN_DIR"),
     (["plot", "x", "-o", "out", "--target", "nan"], "argument --target: invalid value 'nan'"),
-    (["plot", "x", "-o", "out", "--target", "2"], "argument --target: invalid value '2'"),
+    (["plot", "x", "-o", "out", "--target", "-2"], "argument --target: invalid value '-2'"),
     (["plot", "x", "-o", "{data}/a-file"], "-o/--output: invalid value '{data}/a-file'"),
     (["plot", "/nonexistent/run", "-o", "out"], "run directory /nonexistent/run does not exist"),
     (["plot", "x"], "the following arguments are required: -o/--output"),
@@ -351,7 +351,9 @@ CASES = [
     (B + ["--modes", "sync,sync"], "'sync,sync' names a run twice"),
     (B + ["--slowdowns", "1,2"], "--slowdowns: 2 factors for --workers 4"),
     (B + ["--slowdowns", "1,nan,1,1"], "got '1,nan,1,1'"),
-    (B + ["--targets", "0.5,1.5"], "got '0.5,1.5'"),
+    (B + ["--targets", "0.5,1.5"], "--targets/--speedup-at: invalid target 1.5; expected an "
+                                   "accuracy in (0, 1] (synthetic is judged by its test "
+                                   "accuracy)"),
     (B + ["--speedup-at", "0"], "got '0'"),
     (B + ["-l", "nan"], "got 'nan'"),
     (B + ["--lr-sweep", "0.1,inf"], "got '0.1,inf'"),

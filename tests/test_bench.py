@@ -15,6 +15,7 @@ from hetsync.bench.lr import best_of_sweep, linear_scaling
 from hetsync.comm.meter import ring_bytes
 from hetsync.config import Config
 from hetsync.runtime.launcher import LaunchError, launch
+from hetsync.telemetry.metric import LOSS
 from hetsync.telemetry.summarize import summarize
 
 from processes import pid_of_rank
@@ -57,7 +58,7 @@ def test_linear_scaling_and_sweep_choice():
 
 
 def _summary(tta: float | None, acc: float, throughput: float) -> dict:
-    return {"mode": "esync", "time_to_accuracy": {"0.8": tta}, "final_accuracy": acc,
+    return {"mode": "esync", "time_to_target": {"0.8": tta}, "final_accuracy": acc,
             "samples": 1000, "throughput": throughput, "utilisation": 0.9, "traffic_Bps": 1e6}
 
 
@@ -69,15 +70,15 @@ def test_repeats_are_combined_into_medians_with_their_range():
     row = res.combine(runs)
     assert row.run_dir == Path("esync-seed0") and row.error is None and len(row.repeats) == 3
     # a missed target counts as never: the median of 4, 6 and never is 6
-    assert row.summary["time_to_accuracy"]["0.8"] == 6.0
+    assert row.summary["time_to_target"]["0.8"] == 6.0
     assert row.summary["final_accuracy"] == 0.87 and row.summary["throughput"] == 200.0
     headers, cells = res.rows([row], [0.8], 0.8, train_size=500)
     cell = dict(zip(headers, cells[0]))
     assert cell["tta 0.8 (s)"] == "6.0 (4.0–6.0, 1 —)"
-    assert cell["final acc"] == "0.8700 (0.8600–0.8800)" and cell["samples/s"] == "200"
+    assert cell["final accuracy"] == "0.8700 (0.8600–0.8800)" and cell["samples/s"] == "200"
     # two of three seeds missing the target: the median misses it too
     runs[0].summary = _summary(None, 0.88, 100.0)
-    assert res.combine(runs).summary["time_to_accuracy"]["0.8"] is None
+    assert res.combine(runs).summary["time_to_target"]["0.8"] is None
     # a failed seed is named; the others still make the row
     runs[1] = res.RunResult("esync", "mode", 0.2, "base", error="worker 3 died", seed=1)
     row = res.combine(runs)
@@ -86,7 +87,7 @@ def test_repeats_are_combined_into_medians_with_their_range():
 
 
 def _timed(kind: str, label: str, tta: dict, acc: float, speed: float) -> res.RunResult:
-    summary = {"mode": label, "time_to_accuracy": tta, "final_accuracy": acc,
+    summary = {"mode": label, "time_to_target": tta, "final_accuracy": acc,
                "throughput_limit": speed, "samples": 1000, "throughput": speed,
                "utilisation": 1.0, "traffic_Bps": None}
     return res.RunResult(label, kind, 0.1, "base", summary=summary)
@@ -104,7 +105,7 @@ def test_runs_are_read_against_the_fastest_devices_best_recipe():
     # the end target is the best final accuracy of the device's recipes
     assert res.reference_end(rows) == ("fastest-nesterov", 0.905)
     for r in rows:  # as summarize would give it, with that target too
-        r.summary["time_to_accuracy"]["0.905"] = {"fastest-nesterov": 60.0,
+        r.summary["time_to_target"]["0.905"] = {"fastest-nesterov": 60.0,
                                                   "esync-outer": 24.0}.get(r.label)
     fastest = res.compare_with_fastest(rows, [0.85, 0.9], ("fastest-nesterov", 0.905))
     assert fastest.speed == 1050.0  # the median of the device's runs
@@ -132,7 +133,7 @@ def test_runs_are_read_against_the_fastest_devices_best_recipe():
     (["--modes", "sync,nope"], "--modes"),
     (["--baselines", "horovod"], "--baselines"),
     (["--lr-sweep", "0.1,-1"], "--lr-sweep"),
-    (["--targets", "1.5"], "--targets"),
+    (["--targets", "0.9,-1"], "--targets"),
 ])
 def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     with pytest.raises(SystemExit) as exit_:
@@ -145,6 +146,7 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     (["--epochs", "1", "--time-budget", "5"], "--epochs"),
     (["--modes", "", "--baselines", "", "--reference", ""], "--modes"),
     (["-n", "nonet"], "--network"),
+    (["--targets", "1.5"], "--targets"),  # an accuracy above 1 (a loss would do for text)
 ])
 def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv, flag):
     assert modes.main(argv + ["-ld", str(tmp_path)]) == 2
@@ -240,10 +242,10 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
     assert list(runs) == ["sync", "esync", "ddp", "fastest-sgd"]
     assert runs["sync"]["lr"] == pytest.approx(0.1) and runs["esync"]["lr"] == 0.05
     _check_trained(Path(runs["ddp"]["run_dir"]), "ddp")  # the DDP baseline trained
-    sync_tta = runs["sync"]["summary"]["time_to_accuracy"]["0.7"]
+    sync_tta = runs["sync"]["summary"]["time_to_target"]["0.7"]
     assert sync_tta is not None
     for r in runs.values():
-        tta = r["summary"]["time_to_accuracy"]["0.7"]
+        tta = r["summary"]["time_to_target"]["0.7"]
         expected = None if tta is None else sync_tta / tta
         assert r["speedup_vs_sync"]["0.7"] == pytest.approx(expected)
     # the devices were fitted into the cores once, and every run got the same speeds
@@ -256,8 +258,8 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
     speed = fastest["throughput_limit"]
     for r in runs.values():  # capacity: measured speeds over the device's own
         assert r["capacity"] == pytest.approx(r["summary"]["throughput_limit"] / speed)
-        ref_tta = fastest["time_to_accuracy"]["0.7"]
-        tta = r["summary"]["time_to_accuracy"]["0.7"]
+        ref_tta = fastest["time_to_target"]["0.7"]
+        tta = r["summary"]["time_to_target"]["0.7"]
         expected = ref_tta / tta if ref_tta and tta else None
         assert r["vs_fastest"]["0.7"] == pytest.approx(expected)
     assert doc["fastest_device"]["end_label"] == "fastest-sgd"
@@ -300,3 +302,18 @@ def test_a_failed_runs_note_ends_with_the_exception_its_log_ends_with():
              "To continue from its last checkpoint: hetsync launch --resume runs/r")
     assert modes.in_one_line(error).endswith("ends with: ImportError: cannot import name 'X'")
     assert modes.in_one_line("seed 0: no accuracy\nmore") == "seed 0: no accuracy"
+
+
+def test_a_loss_sweep_and_the_fastest_devices_end_take_the_lowest_loss():
+    assert best_of_sweep({0.001: 2.1, 0.003: 1.9, 0.01: None}, higher_is_better=False).lr == 0.003
+    refs = [res.RunResult(f"fastest-{name}", "reference", 0.003, "base",
+                          summary={"final_loss": loss, "final_accuracy": 0.5})
+            for name, loss in (("adamw", 1.8), ("lookahead", 1.9))]
+    assert res.reference_end(refs, LOSS) == ("fastest-adamw", 1.8)
+    assert res.reference_end(refs) == ("fastest-adamw", 0.5)  # (accuracy: the highest)
+
+
+def test_adamw_takes_the_square_root_rule_where_sgd_takes_the_linear_one():
+    assert linear_scaling("sync", 0.003, 4, "adamw").lr == pytest.approx(0.006)
+    assert linear_scaling("sync", 0.05, 4).lr == pytest.approx(0.2)
+    assert linear_scaling("esync-outer", 0.003, 4, "adamw").lr == 0.003

@@ -408,7 +408,7 @@ def test_synthetic_is_learnable_by_a_small_mlp(one_thread):
 
 
 def test_unknown_dataset_lists_known():
-    assert DATASETS == ("fashion-mnist", "cifar10", "synthetic")
+    assert DATASETS == ("fashion-mnist", "cifar10", "shakespeare", "synthetic")
     with pytest.raises(ValueError) as info:
         load_dataset("mnist")
     msg = str(info.value)

@@ -48,7 +48,7 @@ def test_the_watcher_reads_only_whole_new_lines(tmp_path):
     with open(tmp_path / "worker-1.jsonl", "a") as f:
         f.write('eps": 1, "samples": 64, "t_end": 0.4, "compute_s": 0.01}\n')
     assert [w["rounds"] for w in watcher.snapshot()["workers"]] == [3, 4]
-    assert first["accuracy"] == [(0.4, 0.54)] and len(first["loss"]) == 3
+    assert first["evaluated"] == [(0.4, 0.54)] and len(first["loss"]) == 3
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -119,19 +119,19 @@ def _post(rank, rounds=3, run="exp", **extra):
     figures = {"device": "cpu", "rounds": rounds, "samples": 64 * rounds, "local_steps": 2,
                "compute_s": 0.3, "wait_s": 0.1, "eval_s": 0.0, "t_end": 0.5, "step_ms": 12.5}
     return {"run": run, "rank": rank, "mode": "sync", "deferred": True, "worker": figures,
-            "loss": [[0.1 * rounds, 2.0]], "accuracy": [], **extra}
+            "loss": [[0.1 * rounds, 2.0]], "evaluated": [], **extra}
 
 
 def test_the_board_shows_what_each_worker_posted():
     board = LiveBoard()
     board.post(_post(1, rounds=4), workers=2, now=0.0)
     board.post(_post(0, rounds=5), workers=2, now=0.1)
-    board.post(_post(0, rounds=6, accuracy=[[1.0, 0.7]]), workers=2, now=0.2)
+    board.post(_post(0, rounds=6, evaluated=[[1.0, 0.7]]), workers=2, now=0.2)
     data = board.snapshot()
     assert (data["run"], data["mode"], data["deferred"]) == ("exp", "sync", True)
     assert [(w["rank"], w["rounds"]) for w in data["workers"]] == [(0, 6), (1, 4)]
     assert data["workers"][0]["compute_ratio"] == pytest.approx(0.6)
-    assert data["accuracy"] == [(1.0, 0.7)] and len(data["loss"]) == 3
+    assert data["evaluated"] == [(1.0, 0.7)] and len(data["loss"]) == 3
 
 
 @pytest.mark.parametrize("change,needle", [
@@ -147,8 +147,8 @@ def test_the_board_shows_what_each_worker_posted():
     ({"worker": {"device": "x" * 65}}, "'worker.device'"),
     ({"loss": [[0.0, float("inf")]]}, "'loss'"),
     ({"loss": [[0.0]]}, "'loss'"),
-    ({"accuracy": [[0, 0.5]] * 257}, "at most 256"),
-    ({"accuracy": "0.5"}, "'accuracy'"),
+    ({"evaluated": [[0, 0.5]] * 257}, "at most 256"),
+    ({"evaluated": "0.5"}, "'evaluated'"),
     ({"deferred": "yes"}, "'deferred'"),
     ({"mode": ["sync"]}, "'mode'"),
 ])
@@ -175,9 +175,9 @@ def test_the_curves_are_bounded():
     board = LiveBoard()
     for k in range(20):
         points = [[k * 256 + i, 0.5] for i in range(256)]
-        board.post(_post(0, loss=points, accuracy=points), workers=1, now=float(k))
+        board.post(_post(0, loss=points, evaluated=points), workers=1, now=float(k))
     data = board.snapshot()
-    assert len(data["loss"]) == len(data["accuracy"]) == 2000
+    assert len(data["loss"]) == len(data["evaluated"]) == 2000
     assert data["loss"][-1][0] == 20 * 256 - 1
 
 
@@ -219,6 +219,6 @@ def test_the_state_server_shows_a_sync_run_posted_by_its_workers(tmp_path):
                for r in (0, 1)]
     assert [w["rounds"] for w in final["workers"]] == records  # all of them, in the end
     evaluations = (tmp_path / "shown" / "eval.jsonl").read_text().count("\n")
-    assert len(final["accuracy"]) == evaluations
+    assert len(final["evaluated"]) == evaluations
     if rows is not None:
         assert [row[0] for row in rows] == ["0", "1"] and int(rows[0][2]) == records[0]

@@ -9,7 +9,7 @@ import torch
 from hetsync.data import (
     PARTITIONS,
     ShardSampler,
-    class_partition,
+    class_partition, group_partition,
     dirichlet_partition,
     iid_partition,
     partition,
@@ -159,10 +159,11 @@ def test_dirichlet_seeded():
 
 def test_partition_dispatch():
     y = balanced_labels(600)
-    assert PARTITIONS == ("iid", "shared", "class", "dirichlet")
+    assert PARTITIONS == ("iid", "shared", "class", "group", "dirichlet")
     for got, want in [
         (partition("iid", y, 3, seed=1), iid_partition(600, 3, seed=1)),
         (partition("class", y, 3, seed=1), class_partition(y, 3)),
+        (partition("group", y, 3, seed=1), group_partition(y, 3, seed=1)),
         (partition("dirichlet", y, 3, seed=1, alpha=0.2), dirichlet_partition(y, 3, 0.2, seed=1)),
     ]:
         assert all(np.array_equal(a, b) for a, b in zip(got, want))

@@ -392,7 +392,7 @@ def _figures(rank, rounds):
             "worker": {"device": "cpu", "rounds": rounds, "samples": 64 * rounds,
                        "local_steps": 1, "compute_s": 0.2, "wait_s": 0.1, "eval_s": 0.0,
                        "t_end": 0.4, "step_ms": 3.0},
-            "loss": [[0.4, 1.5]], "accuracy": [[0.4, 0.6]] if rank == 0 else []}
+            "loss": [[0.4, 1.5]], "evaluated": [[0.4, 0.6]] if rank == 0 else []}
 
 
 def test_the_live_page_shows_what_workers_post_and_refuses_the_malformed(server):
@@ -403,7 +403,7 @@ def test_the_live_page_shows_what_workers_post_and_refuses_the_malformed(server)
     data = json.loads(data)
     assert status == 200 and data["run"] == "exp"
     assert [(w["rank"], w["rounds"]) for w in data["workers"]] == [(0, 9), (1, 7)]
-    assert data["accuracy"] == [[0.4, 0.6]]
+    assert data["evaluated"] == [[0.4, 0.6]]
     status, page = _raw(server, "GET", "/live/")
     assert status == 200 and b'fetch("data"' in page
     status, _ = _raw(server, "GET", "/live")

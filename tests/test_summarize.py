@@ -15,7 +15,7 @@ from hetsync.telemetry.summarize import (
     speedup,
     summarize,
     target_key,
-    time_to_accuracy,
+    time_to_target,
     write_summary,
 )
 
@@ -186,31 +186,31 @@ def test_wall_time_falls_back_to_latest_record_when_run_crashed(tmp_path):
     assert s["throughput"] == pytest.approx(512 / 9.5)
 
 
-def test_time_to_accuracy_uses_train_time_of_first_crossing(run_dir):
+def test_time_to_target_uses_train_time_of_first_crossing(run_dir):
     s = summarize(run_dir)
     # 0.8 is first reached by the 3rd eval (train_time 6.0, t 7.5), not the 4th (exactly 0.80)
-    assert s["time_to_accuracy"] == {"0.7": 4.0, "0.8": 6.0, "0.85": None, "0.9": None}
+    assert s["time_to_target"] == {"0.7": 4.0, "0.8": 6.0, "0.85": None, "0.9": None}
     assert s["final_accuracy"] == pytest.approx(0.80)
     assert s["best_accuracy"] == pytest.approx(0.82)
     assert s["final_loss"] == pytest.approx(0.6)
     assert s["evaluations"] == 4
 
 
-def test_time_to_accuracy_boundary_and_custom_targets():
+def test_time_to_target_boundary_and_custom_targets():
     evals = [dict(t=1, train_time=1.0, test_acc=0.5), dict(t=3, train_time=2.0, test_acc=0.8)]
-    assert time_to_accuracy(evals, [0.8, 0.5, 0.95]) == {"0.8": 2.0, "0.5": 1.0, "0.95": None}
+    assert time_to_target(evals, [0.8, 0.5, 0.95]) == {"0.8": 2.0, "0.5": 1.0, "0.95": None}
     assert target_key(0.80) == "0.8" and target_key(1) == "1.0"
 
 
 def test_no_evaluations(tmp_path):
     s = summarize(write_run(tmp_path / "r", evals=[]))
-    assert s["time_to_accuracy"] == {"0.7": None, "0.8": None, "0.85": None, "0.9": None}
+    assert s["time_to_target"] == {"0.7": None, "0.8": None, "0.85": None, "0.9": None}
     assert s["final_accuracy"] is None and s["best_accuracy"] is None and s["final_loss"] is None
 
 
 def test_speedup_is_ratio_of_times_to_accuracy():
     def summ(tta):
-        return {"time_to_accuracy": {"0.8": tta, "0.9": None}}
+        return {"time_to_target": {"0.8": tta, "0.9": None}}
 
     runs = {"sync": summ(60.0), "esync": summ(6.0), "async": summ(None), "dcasgd": summ(20.0)}
     assert speedup(runs) == {"sync": 1.0, "esync": 10.0, "async": None, "dcasgd": 3.0}
@@ -349,3 +349,25 @@ def test_summarize_of_a_directory_that_is_no_run_says_so_in_one_line(tmp_path, c
     assert main(["summarize", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no run.json" in err and "Traceback" not in err
+
+
+def test_targets_are_read_by_the_runs_figure_of_merit(tmp_path, capsys):
+    from hetsync.cli import main
+
+    accuracy_run = write_run(tmp_path / "acc")
+    assert main(["summarize", str(accuracy_run), "--targets", "1.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--targets: invalid target 1.5; expected an accuracy in " \
+        "(0, 1]" in err and "test accuracy" in err
+    # a language-modelling run is judged by its loss: lower is better, 1.5 is a fine target
+    loss_run = write_run(tmp_path / "loss", evals=[
+        dict(t=t, train_time=t, round=r, samples_seen=0, test_acc=0.3, test_loss=v)
+        for t, r, v in ((1.0, 1, 3.0), (4.0, 4, 1.6), (8.0, 8, 1.4))])
+    run = json.loads((loss_run / "run.json").read_text())
+    run["config"]["dataset"] = "shakespeare"
+    (loss_run / "run.json").write_text(json.dumps(run))
+    assert main(["summarize", str(loss_run), "--targets", "2.0", "1.5"]) == 0
+    out = capsys.readouterr().out
+    assert "time to loss <= 2.0: 4.0s  1.5: 8.0s" in out and "final loss 1.4000" in out
+    s = json.loads((loss_run / "summary.json").read_text())
+    assert s["metric"] == "test_loss" and s["best_loss"] == 1.4

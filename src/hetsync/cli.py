@@ -9,7 +9,7 @@ import sys
 
 import hetsync
 from hetsync.config import (ArgumentParser, Config, ConfigError, add_config_arguments,
-                            check_host, config_from_args, parse_accuracy,
+                            check_host, config_from_args, parse_target,
                             parse_epsilon_fraction, parse_listen_port, parse_workers,
                             unwritable_dir)
 
@@ -36,14 +36,13 @@ def preflight(cfg: Config):
     rather than a worker's error relayed: every flag, the state server's address (it is
     started on it), the GPU, and the data (found, readable, one batch for every worker).
     Returns the data."""
-    from hetsync.data import load_dataset
     from hetsync.runtime.worker import pick_device
 
     cfg.validate()
     if cfg.spec.state_server and cfg.bandwidth is None:  # --bandwidth: the bridge's address
         check_host("-ip/--state-server-ip", cfg.state_ip, listen=True)
     pick_device(cfg, local_rank=cfg.world_size - 1)  # -g: the highest device a rank may use
-    split = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    split = cfg.load_data()
     cfg.validate_data(split)
     return split
 
@@ -193,9 +192,19 @@ def cmd_summarize(args) -> int:
     from hetsync.telemetry.report import print_summary
     from hetsync.telemetry.summarize import summarize, write_summary
 
+    from hetsync.telemetry.metric import metric_of
+    from hetsync.telemetry.runlog import read_run
+
     for run_dir in args.run_dirs:
-        path = write_summary(run_dir, targets=tuple(args.targets), esync_json=args.esync_json)
-        summary = summarize(run_dir, targets=tuple(args.targets))
+        if args.targets is not None:
+            metric = metric_of(read_run(run_dir).config.get("dataset"))
+            try:
+                [metric.check_target(t) for t in args.targets]
+            except ValueError as err:
+                raise ConfigError(f"--targets: {err} ({run_dir} is judged by its "
+                                  f"{metric.label})") from None
+        path = write_summary(run_dir, targets=args.targets, esync_json=args.esync_json)
+        summary = summarize(run_dir, targets=args.targets)
         print_summary(summary)
         if summary["missing_workers"]:
             print(f"warning: {run_dir}: run.json lists worker rank(s) "
@@ -214,8 +223,7 @@ def cmd_gather(args) -> int:
     except GatherError as err:
         raise ConfigError(str(err)) from None
     print(f"gathered into {args.dest}: {', '.join(copied) or 'nothing new'}")
-    return cmd_summarize(argparse.Namespace(run_dirs=[args.dest], targets=[0.7, 0.8, 0.85, 0.9],
-                                            esync_json=False))
+    return cmd_summarize(argparse.Namespace(run_dirs=[args.dest], targets=None, esync_json=False))
 
 
 def cmd_plot(args) -> int:
@@ -225,7 +233,11 @@ def cmd_plot(args) -> int:
     if reason is not None:
         raise ConfigError(f"-o/--output: invalid value {args.output!r}; expected a directory "
                           f"this process can create or write into ({reason})")
-    paths = plot_runs(args.run_dirs, args.output, sequential=args.sequential, target=args.target)
+    try:
+        paths = plot_runs(args.run_dirs, args.output, sequential=args.sequential,
+                          target=args.target)
+    except ValueError as err:
+        raise ConfigError(f"hetsync plot: {err}") from None
     for p in paths:
         print(p)
     return 0
@@ -266,10 +278,16 @@ def cmd_evaluate(args) -> int:
 def cmd_models(args) -> int:
     import torch
 
-    from hetsync.models import MODEL_NAMES, build_model, count_parameters
+    from hetsync.models import MODEL_NAMES, build_model, count_parameters, get_spec
 
     print(f"{'model':<14} {'params (1x28x28)':>17} {'params (3x32x32)':>17}")
     for name in MODEL_NAMES:
+        if get_spec(name).inputs == "tokens":
+            torch.manual_seed(0)
+            n = count_parameters(build_model(name, (64,), 85))
+            print(f"{name:<14} {'text':>17} {'text':>17}  {n:,} (Shakespeare: 85 symbols, "
+                  f"context 64)")
+            continue
         counts = []
         for shape in ((1, 28, 28), (3, 32, 32)):
             torch.manual_seed(0)
@@ -324,8 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("summarize", help="compute a run's figures into summary.json")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    p.add_argument("--targets", type=parse_accuracy, nargs="+", default=[0.7, 0.8, 0.85, 0.9],
-                   help="accuracies in (0, 1] for time-to-accuracy (default: 0.7 0.8 0.85 0.9)")
+    p.add_argument("--targets", type=parse_target, nargs="+", default=None,
+                   help="targets of the run's figure of merit for time-to-target: accuracies "
+                        "in (0, 1], or validation losses for language modelling (default: "
+                        "0.7 0.8 0.85 0.9; losses 2.2 2.0 1.9 1.8)")
     p.add_argument("--esync-json", action="store_true",
                    help="also write ESync's original summary schema")
     p.set_defaults(func=cmd_summarize)
@@ -343,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.add_argument("-o", "--output", required=True, help="directory for the PNGs")
     p.add_argument("--sequential", help="a -m local run, drawn dashed as sequential SGD")
-    p.add_argument("--target", type=parse_accuracy, default=0.8,
-                   help="accuracy in (0, 1] for the speedup figure (default: 0.8)")
+    p.add_argument("--target", type=parse_target, default=None,
+                   help="target of the runs' figure of merit for the speedup figure: an "
+                        "accuracy in (0, 1] (default 0.8) or a validation loss (default 2.0)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("bench", help="compare modes side by side (or `bench comm`)",

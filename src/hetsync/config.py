@@ -25,13 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.data.datasets import DATASETS
 from hetsync.data.partition import PARTITIONS
 
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
 OPTIMIZERS = ("sgd", "adamw")
-DATASETS = ("fashion-mnist", "cifar10", "synthetic")
+#: data sets of text (samples of characters, for a token model such as gpt-char)
+TEXT_DATASETS = ("shakespeare",)
+#: the token models' size flags: field -> default (nanoGPT's CPU setting)
+MODEL_SIZE = {"context": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
 #: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
 #: the launcher and by every worker, possibly on other machines); numpy and torch seeds are
@@ -62,6 +66,14 @@ class Config:
                          "help": f"data set: {', '.join(DATASETS)}"})
     data_dir: str | None = field(default=None, metadata={"flags": ("-dd", "--data-dir"),
                                  "help": "data directory (ESync layout DIR/fashion-mnist/*.gz)"})
+    context: int = field(default=MODEL_SIZE["context"], metadata={"flags": ("--context",),
+        "help": "text data sets: characters per sample, the model's context"})
+    n_layer: int = field(default=MODEL_SIZE["n_layer"], metadata={"flags": ("--n-layer",),
+        "help": "gpt-char: transformer blocks"})
+    n_head: int = field(default=MODEL_SIZE["n_head"], metadata={"flags": ("--n-head",),
+        "help": "gpt-char: attention heads"})
+    n_embd: int = field(default=MODEL_SIZE["n_embd"], metadata={"flags": ("--n-embd",),
+        "help": "gpt-char: width (a multiple of --n-head)"})
     batch_size: int = field(default=64, metadata={"flags": ("-b", "--batch-size"),
                             "help": "mini-batch size per worker"})
     lr: float = field(default=0.05, metadata={"flags": ("-l", "--learning-rate"),
@@ -161,6 +173,8 @@ class Config:
                                       "help": "stop after S seconds of training time"})
     target_acc: float | None = field(default=None, metadata={"flags": ("--target-acc",),
                                      "help": "stop at this test accuracy"})
+    target_loss: float | None = field(default=None, metadata={"flags": ("--target-loss",),
+        "help": "stop at this test (validation) loss or lower"})
     epochs: float | None = field(default=3.0, metadata={"flags": ("--epochs",),
                                  "help": "stop after this many epochs of data (all workers; a "
                                          "--time-budget given alone: none)"})
@@ -226,8 +240,8 @@ class Config:
     @property
     def deferred(self) -> bool:
         """Whether evaluation is deferred to snapshots evaluated off the critical path (not
-        with --target-acc, which must be known at once to stop)."""
-        return self.deferred_eval and self.target_acc is None
+        with --target-acc or --target-loss, which must be known at once to stop)."""
+        return self.deferred_eval and self.target_acc is None and self.target_loss is None
 
     @property
     def regroups(self) -> bool:
@@ -274,6 +288,7 @@ class Config:
             raise bad("network", f"one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASETS:
             raise bad("dataset", f"one of {', '.join(DATASETS)}")
+        self._check_model(bad)
         if self.collective not in COLLECTIVES:
             raise bad("collective", f"one of {', '.join(COLLECTIVES)}")
         if self.partition not in PARTITIONS:
@@ -357,6 +372,8 @@ class Config:
             raise bad("time_budget", "a finite number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
             raise bad("target_acc", "an accuracy in (0, 1]")
+        if self.target_loss is not None and not 0 < self.target_loss < math.inf:
+            raise bad("target_loss", "a loss > 0")
         if self.epochs is not None and not 0 < self.epochs < math.inf:
             raise bad("epochs", "a finite number > 0")
         if not 1 <= self.threads <= MAX_THREADS:
@@ -380,8 +397,10 @@ class Config:
             raise bad("state_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
         if self.gpu < -1:
             raise bad("gpu", "-1 (CPU) or a GPU index >= 0")
-        if self.time_budget is None and self.target_acc is None and self.epochs is None:
-            raise ConfigError("no stopping rule: give --epochs, --time-budget or --target-acc")
+        if (self.time_budget is None and self.target_acc is None and self.target_loss is None
+                and self.epochs is None):
+            raise ConfigError("no stopping rule: give --epochs, --time-budget, --target-acc or "
+                              "--target-loss")
         if (self.lr_schedule != "constant" and self.time_budget is None
                 and self.epochs is None):
             raise bad("lr_schedule", "constant without --time-budget or --epochs (a schedule "
@@ -410,6 +429,44 @@ class Config:
         except ValueError as err:
             raise ConfigError(f"--optimizer/--momentum/--weight-decay: {err}") from None
 
+    def _check_model(self, bad) -> None:
+        """The network reads what the data set holds (images or characters), and the model's
+        size flags are given only to a token model, each a valid size."""
+        from hetsync.models import get_spec
+
+        text = self.dataset in TEXT_DATASETS
+        inputs = get_spec(self.network).inputs
+        if (inputs == "tokens") != text:
+            from hetsync.models import MODEL_NAMES
+
+            fits = [n for n in MODEL_NAMES if (get_spec(n).inputs == "tokens") == text]
+            raise bad("network", f"a model of {'text' if text else 'images'} for "
+                      f"--dataset {self.dataset}: {', '.join(fits)}")
+        for name, default in MODEL_SIZE.items():
+            value = getattr(self, name)
+            if inputs != "tokens" and value != default:
+                raise bad(name, f"{default} (unchanged): it sizes a text model, and "
+                                f"{self.network} reads images")
+            if not 1 <= value <= 1 << 16:
+                raise bad(name, "an integer in 1..65536")
+        if self.n_embd % self.n_head:
+            raise bad("n_embd", f"a multiple of --n-head {self.n_head}")
+
+    def load_data(self):
+        """The run's data set (:func:`hetsync.data.load_dataset`)."""
+        from hetsync.data import load_dataset
+
+        return load_dataset(self.dataset, self.data_dir, seed=self.seed, context=self.context)
+
+    def build_model(self, split):
+        """The run's model for `split` (a :class:`~hetsync.data.DataSplit`), built from
+        torch's global RNG as it stands."""
+        from hetsync.models import build_model, get_spec
+
+        size = ({k: getattr(self, k) for k in ("n_layer", "n_head", "n_embd")}
+                if get_spec(self.network).inputs == "tokens" else {})
+        return build_model(self.network, split.input_shape, split.num_classes, **size)
+
     def validate_data(self, split) -> list:
         """The workers' shards of `split`'s training set (`split`: a
         :class:`~hetsync.data.DataSplit`), as every worker computes them; ConfigError naming
@@ -421,7 +478,7 @@ class Config:
         n = len(labels)
         if self.workers > n:
             raise invalid_option(self, "workers", f"at most {n}: {split.name}'s training set has "
-                                 f"{n} image{'s' * (n != 1)} and every worker needs a batch "
+                                 f"{n} sample{'s' * (n != 1)} and every worker needs a batch "
                                  f"of its own")
         shards = partition(self.effective_partition, labels, self.workers, self.seed,
                            alpha=self.dirichlet_alpha)
@@ -430,7 +487,7 @@ class Config:
             share = "every worker's share" if len(set(map(len, shards))) == 1 else \
                 "the smallest worker's share"
             raise invalid_option(self, "batch_size", f"at most {smallest}, {share} of "
-                                 f"{split.name}'s {n} training images ({self.workers} "
+                                 f"{split.name}'s {n} training samples ({self.workers} "
                                  f"worker{'s' * (self.workers > 1)}, --partition "
                                  f"{self.effective_partition})")
         return shards
@@ -596,15 +653,16 @@ parse_listen_port = _bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one
 parse_workers = _bounded_int(1, MAX_WORKERS, "a number of workers")
 
 
-def parse_accuracy(text: str) -> float:
-    """An accuracy in (0, 1] (summarize's --targets, plot's --target)."""
+def parse_target(text: str) -> float:
+    """A target of a run's figure of merit (summarize's --targets, plot's --target): a finite
+    number > 0; whether it is an accuracy in (0, 1] is checked against the run's metric."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= 1:
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected an accuracy in "
-                                         f"(0, 1]")
+                                         f"(0, 1] or a loss > 0")
     return value
 
 

@@ -10,6 +10,11 @@ Linear scaling (Goyal et al. 2017), the default, as each mode's registry entry s
 - `async`, `dcasgd` apply one worker's gradient (batch b) at a time, and `local` is one worker:
   the base rate.
 
+With AdamW (`--optimizer adamw`) the synchronous modes take the square-root rule instead,
+lr × √P (Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient
+algorithms"): Adam's step does not grow with the gradient's size, and the averaged gradient's
+noise falls as 1/P.
+
 `--lr-sweep` replaces the rule: every mode trains `--sweep-budget` s at each listed rate (used
 as the mode's own rate, no scaling) and keeps the one with the best test accuracy at the end of
 its sweep run, its only evaluation; a rate whose run diverges or fails is skipped. The best
@@ -32,7 +37,8 @@ class LrChoice:
         return f"{self.lr:g} ({self.how})"
 
 
-def linear_scaling(mode: str, base_lr: float, workers: int) -> LrChoice:
+def linear_scaling(mode: str, base_lr: float, workers: int,
+                   optimizer: str = "sgd") -> LrChoice:
     """The default rule (see the module docstring)."""
     from hetsync.algorithms import registry
 
@@ -40,19 +46,24 @@ def linear_scaling(mode: str, base_lr: float, workers: int) -> LrChoice:
         raise ValueError(f"base_lr must be > 0, got {base_lr}")
     spec = registry.get(mode)
     if spec.lr_scaling == "workers" and workers > 1:
+        if optimizer == "adamw":
+            return LrChoice(base_lr * workers ** 0.5, f"{base_lr:g} x sqrt({workers} workers)")
         return LrChoice(base_lr * workers, f"{base_lr:g} x {workers} workers")
     return LrChoice(base_lr, "base" if spec.lr_note == "base" else f"base, {spec.lr_note}")
 
 
-def best_of_sweep(accuracies: Mapping[float, float | None]) -> LrChoice:
-    """The rate with the best accuracy (the smaller rate on a tie); `None` = diverged/failed.
+def best_of_sweep(accuracies: Mapping[float, float | None],
+                  higher_is_better: bool = True) -> LrChoice:
+    """The rate with the best final figure — accuracy, or with `higher_is_better` False a
+    loss — (the smaller rate on a tie); `None` = diverged/failed.
 
     Raises ValueError when every rate failed.
     """
     done = {lr: acc for lr, acc in accuracies.items() if acc is not None}
     if not done:
         raise ValueError(f"every rate of the sweep failed: {sorted(accuracies)}")
-    best = max(sorted(done), key=lambda lr: done[lr])
+    sign = 1 if higher_is_better else -1
+    best = max(sorted(done), key=lambda lr: sign * done[lr])
     tried = ", ".join(f"{lr:g}:{'failed' if acc is None else format(acc, '.3f')}"
                       for lr, acc in sorted(accuracies.items()))
     return LrChoice(best, f"sweep {tried}")

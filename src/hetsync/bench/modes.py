@@ -50,18 +50,22 @@ from hetsync.bench import results as res
 from hetsync.algorithms import registry
 from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
+from hetsync.telemetry.metric import metric_of
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
 from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, NAMED_PARSERS,
-                            OPTION_PREFIX, PARTITIONS, ArgumentParser, Config, ConfigError,
+                            OPTIMIZERS, OPTION_PREFIX, PARTITIONS, ArgumentParser, Config, ConfigError,
                             add_option_arguments, given_options, unwritable_dir)
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
 #: late enough to separate the modes on LeNet/Fashion-MNIST (0.85 falls in seconds)
 DEFAULT_TARGETS = (0.85, 0.88, 0.9)
+#: validation losses (nats per character) late enough to separate them on Shakespeare
+DEFAULT_LOSS_TARGETS = (2.2, 2.0, 1.9)
 #: what a user with one device would train with: recipe -> (mode, changes to its config)
-RECIPES = {"sgd": ("local", {}),
-           "nesterov": ("local", {"momentum": 0.9, "nesterov": True}),
+RECIPES = {"sgd": ("local", {"optimizer": "sgd"}),
+           "nesterov": ("local", {"optimizer": "sgd", "momentum": 0.9, "nesterov": True}),
+           "adamw": ("local", {"optimizer": "adamw"}),
            "lookahead": ("lookahead", {})}
 REFERENCE_PREFIX = "fastest-"
 
@@ -123,6 +127,16 @@ def _fraction(allow_zero: bool):
     return parse
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -176,10 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
       help="seconds of training time per run (default: 60 unless --epochs)")
     a("--epochs", type=_positive(float), default=None,
       help="instead of a time budget: epochs of data per run (all workers together)")
-    a("--targets", type=_floats(0.0, 1.0, "accuracies"), default=DEFAULT_TARGETS,
-      help=f"accuracies for time-to-accuracy (default: {','.join(map(str, DEFAULT_TARGETS))})")
-    a("--speedup-at", type=_fraction(allow_zero=False), default=0.9,
-      help="accuracy at which speedup over sync is shown and plotted (default: 0.9)")
+    a("--targets", type=_floats(0.0, what="targets"), default=None,
+      help="targets for time-to-target: accuracies in (0, 1] (default: "
+      f"{','.join(map(str, DEFAULT_TARGETS))}), validation losses for language modelling "
+      f"(default: {','.join(map(str, DEFAULT_LOSS_TARGETS))})")
+    a("--speedup-at", type=_positive(float), default=None,
+      help="target at which speedup over sync is shown and plotted (default: the last)")
+    a("--optimizer", default="sgd", choices=OPTIMIZERS,
+      help="every run's local (inner) optimizer, as launch's (default: sgd; the reference "
+      "recipes sgd and nesterov keep sgd)")
+    a("--weight-decay", type=_non_negative_float, default=0.0,
+      help="weight decay of the local optimizer (default: 0)")
+    for flag, default, what in (("--context", 64, "characters per sample (text data sets)"),
+                                ("--n-layer", 4, "transformer blocks (gpt-char)"),
+                                ("--n-head", 4, "attention heads (gpt-char)"),
+                                ("--n-embd", 128, "width (gpt-char)")):
+        a(flag, type=_positive(int), default=default, help=f"{what} (default: {default})")
     a("-l", "--lr", type=_positive(float), default=0.05,
       help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
     a("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
@@ -304,7 +330,9 @@ def base_config(args, log_dir: Path) -> Config:
                   time_budget=time_budget, cores=args.cores,
                   oversubscribe=bool(args.oversubscribe), evaluator=True,
                   epochs=args.epochs, log_dir=str(log_dir), lr=args.lr,
-                  plugins=tuple(args.plugins))
+                  optimizer=args.optimizer, weight_decay=args.weight_decay,
+                  context=args.context, n_layer=args.n_layer, n_head=args.n_head,
+                  n_embd=args.n_embd, plugins=tuple(args.plugins))
 
 
 def mode_options(args, spec) -> dict:
@@ -352,7 +380,8 @@ def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
     run_dir = Path(run.cfg.log_dir) / run.cfg.run_name
     progress = RunProgress(run_dir, label or run.label, k, n, run.cfg.workers,
                            time_budget=run.cfg.time_budget, epochs=run.cfg.epochs,
-                           train_size=train_size, stream=stream, enabled=not quiet)
+                           train_size=train_size, stream=stream, enabled=not quiet,
+                           metric=metric_of(run.cfg.dataset))
     try:
         with progress:
             launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO(), live=False)
@@ -368,7 +397,7 @@ def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
 
 def sweep_config(base: Config, budget: float, root: Path) -> Config:
     """A sweep run's configuration: `budget` s of training, under `root`/sweep, evaluated at
-    its end only (it is chosen by its final accuracy; a 60 s trial evaluated every second
+    its end only (it is chosen by its final accuracy or loss; a 60 s trial evaluated every second
     spends about as long evaluating as training)."""
     return dataclasses.replace(base, log_dir=str(root / "sweep"), time_budget=budget,
                                epochs=None, eval_every=0, eval_interval=budget)
@@ -380,6 +409,7 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
     total = len(rows) * len(rates)
     sweep_base = sweep_config(base, args.sweep_budget, root)
     choices, k = {}, 0
+    metric = metric_of(base.dataset)
     for e in rows:
         accuracies = {}
         for lr in rates:
@@ -388,9 +418,9 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
                            mode=e.mode, run_name=f"{e.label}-lr{lr:g}", **e.changes)
             out = execute(run, k, total, train_size=train_size, quiet=args.quiet,
                           stream=stream, label=f"sweep {e.label} lr {run.cfg.lr:g}")
-            accuracies[lr] = out.summary["final_accuracy"] if out.summary else None
+            accuracies[lr] = out.summary[f"final_{metric.short}"] if out.summary else None
         try:
-            choices[e.label] = e.rate(best_of_sweep(accuracies))
+            choices[e.label] = e.rate(best_of_sweep(accuracies, metric.higher_is_better))
         except ValueError:
             raise ConfigError(f"--lr-sweep: every rate failed for {e.label} "
                               f"({', '.join(map(str, rates))}); see {root / 'sweep'}") from None
@@ -401,7 +431,6 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
 # ---------------------------------------------------------------------- the bench
 def bench(args, argv: list[str], stream=None) -> int:
     """Run the bench that `args` describes (`argv`: the command line, for the record)."""
-    from hetsync.data import load_dataset
     from hetsync.telemetry.plots import plot_runs
     from hetsync.telemetry.summarize import summarize
 
@@ -413,10 +442,17 @@ def bench(args, argv: list[str], stream=None) -> int:
         raise ConfigError(f"--name {name}: {root} already exists and is not empty; "
                           f"choose another name")
     base = base_config(args, root)
-    speedup_at = args.speedup_at
-    targets = sorted(set(args.targets) | {speedup_at})
+    metric = metric_of(args.dataset)
+    given = args.targets or (DEFAULT_TARGETS if metric.higher_is_better else DEFAULT_LOSS_TARGETS)
+    speedup_at = args.speedup_at or given[-1]
+    try:
+        targets = sorted({metric.check_target(t) for t in (*given, speedup_at)},
+                         reverse=not metric.higher_is_better)
+    except ValueError as err:
+        raise ConfigError(f"--targets/--speedup-at: {err} ({args.dataset} is judged by its "
+                          f"{metric.label})") from None
     rows = entries(args)
-    split = load_dataset(args.dataset, args.data_dir, seed=args.seed)
+    split = base.load_data()
     for e in rows:  # every config is valid and has a batch for every worker before
         make_run(args, base, e.label, LrChoice(args.lr, "base"), mode=e.mode,
                  **e.changes).cfg.validate_data(split)  # anything runs
@@ -433,7 +469,8 @@ def bench(args, argv: list[str], stream=None) -> int:
     if args.lr_sweep:
         choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
-        choices = {e.label: e.rate(linear_scaling(e.mode, args.lr, base.workers))
+        choices = {e.label: e.rate(linear_scaling(e.mode, args.lr, base.workers,
+                                                  e.changes.get("optimizer", args.optimizer)))
                    for e in rows}
     results = []
     seeds = [args.seed + i for i in range(args.repeats)]
@@ -455,8 +492,8 @@ def bench(args, argv: list[str], stream=None) -> int:
         return [res.combine([r for r in results if r.label == e.label]) for e in rows]
 
     table_rows = combined(targets)
-    # the fastest device's best final accuracy is a target too: the speed-up "at the end"
-    end = res.reference_end(table_rows)
+    # the fastest device's best final figure is a target too: the speed-up "at the end"
+    end = res.reference_end(table_rows, metric)
     if end is not None:
         table_rows = combined(sorted(set(targets) | {end[1]}))
     fastest = res.compare_with_fastest(table_rows, targets, end)
@@ -465,7 +502,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     results_dir = Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
     notes = emulation + _notes(args, table_rows, fastest, has_sync, speedup_at, load_before,
-                               load_after)
+                               load_after, metric)
     figures = []
     done = [r for r in table_rows if r.summary is not None]
     reference = next((r for r in done if fastest and r.label == fastest.end_label), None)
@@ -484,7 +521,7 @@ def bench(args, argv: list[str], stream=None) -> int:
         notes += [f"figure skipped: {w.message}" for w in caught
                   if "skip" in str(w.message).lower()]
 
-    headers, cells = res.rows(table_rows, targets, speedup_at, train_size, has_sync)
+    headers, cells = res.rows(table_rows, targets, speedup_at, train_size, has_sync, metric)
     machine = {**res.machine_info(), "load average before": res.load_text(load_before),
                "load average after": res.load_text(load_after)}
     setup = _setup(args, base)
@@ -532,9 +569,11 @@ def _setup(args, base: Config) -> dict:
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}
 
 
-def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after) -> list[str]:
-    notes = ["tta = training time until the first evaluation with test accuracy >= target "
-             "(evaluation time excluded); — = not reached."]
+def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after,
+           metric) -> list[str]:
+    notes = [f"tta = training time until the first evaluation with {metric.label} "
+             f"{'>=' if metric.higher_is_better else '<='} target (evaluation time excluded); "
+             "— = not reached."]
     if fastest is None:
         notes.append("no fastest-device run completed (--reference): capacity, 'x fastest' "
                      "and efficiency not computed.")
@@ -549,14 +588,14 @@ def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after
             "device's, both measured in this bench"
             + (f" (the cluster's: {fastest.capacity:.2f})." if fastest.capacity else "."),
             "x fastest @T = tta(the fastest device's best recipe at T) / tta(run); @end: at "
-            + (f"{fastest.end_accuracy:.4f}, the best final accuracy of the fastest device "
-               f"({fastest.end_label})" if fastest.end_accuracy else "its best final accuracy")
+            + (f"{fastest.end_value:.4f}, the best final {metric.short} of the fastest device "
+               f"({fastest.end_label})" if fastest.end_value else f"its best final {metric.short}")
             + "; efficiency = x fastest ÷ capacity (1: every sample worth one of the fastest "
             "device's).",
         ]
     notes += [(f"speedup vs sync = tta(sync) / tta(run) at {speedup_at:g}, same bench."
                if has_sync else "no successful sync run: speedup vs sync not shown."),
-              ("lr: best final accuracy of a " f"{args.sweep_budget:g} s run at each of "
+              (f"lr: best final {metric.short} of a {args.sweep_budget:g} s run at each of "
                + ",".join(f"{x:g}" for x in args.lr_sweep) + " per run."
                if args.lr_sweep else
                f"lr: linear scaling of base {args.lr:g}: " + "; ".join(

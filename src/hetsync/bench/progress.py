@@ -1,4 +1,4 @@
-"""The bench's progress line: which run is going (k of n), how far, the last accuracy.
+"""The bench's progress line: which run is going (k of n), how far, the last accuracy or loss.
 
 Read from the run directory while the run's processes write it (the same files
 :mod:`hetsync.telemetry.progress` reads), from a background thread, so it works the same for
@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+from hetsync.telemetry.metric import ACCURACY, Metric
 from hetsync.telemetry.progress import JsonlTail
 
 
@@ -22,7 +23,8 @@ class RunProgress:
     def __init__(self, run_dir: Path, label: str, k: int, n: int, workers: int, *,
                  time_budget: float | None = None, epochs: float | None = None,
                  train_size: int | None = None, stream=None, every_s: float = 10.0,
-                 enabled: bool = True):
+                 enabled: bool = True, metric: Metric = ACCURACY):
+        self.metric = metric
         self.label, self.k, self.n = label, k, n
         self.time_budget, self.epochs, self.train_size = time_budget, epochs, train_size
         self.stream = stream = stream or sys.stdout
@@ -48,8 +50,8 @@ class RunProgress:
         else:
             budget = f"/{self.time_budget:.0f}" if self.time_budget else ""
             how_far = f"train {self.train_time:5.1f}{budget} s"
-        acc = ("acc —" if self.last_eval is None else
-               f"acc {self.last_eval['test_acc']:.4f} @ {self.last_eval['train_time']:.1f} s")
+        acc = self.metric.show(self.last_eval) + (
+            "" if self.last_eval is None else f" @ {self.last_eval['train_time']:.1f} s")
         rate = self.samples / self.train_time if self.train_time > 0 else 0.0
         return f"{head} {how_far} | {acc} | {rate:7.0f} samples/s"
 

@@ -1,14 +1,15 @@
 """The bench's outputs: the comparison table (text and Markdown), the JSON, the machine.
 
-One row per run: the learning rate and how it was chosen, time-to-accuracy per target (training
-time, evaluation excluded), final accuracy, the run read against the fastest device alone
+One row per run: the learning rate and how it was chosen, time-to-target per target (training
+time, evaluation excluded; targets of accuracy, or of loss for language modelling), the final
+figure, the run read against the fastest device alone
 (:func:`compare_with_fastest`: capacity ratio, speed-up per target and at the end, efficiency),
 speedup over the `sync` run of the same bench, epochs of data trained, throughput, utilisation
 and traffic (docs/design.md "Definitions of the figures"). A run that failed keeps its row,
 with the reason.
 
 With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
-time-to-accuracy and final accuracy cells show their range: one evaluation every few seconds
+time-to-target and final figure cells show their range: one evaluation every few seconds
 and a first crossing of a noisy curve make a single run's time-to-accuracy vary by a third.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from hetsync.telemetry.metric import ACCURACY, Metric
 from hetsync.telemetry.report import table
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE, speedup, target_key
 
@@ -60,12 +62,13 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The median over several seeds' runs of each figure of the table."""
-    out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries)}
-    for key in ("final_accuracy", "samples", "throughput", "throughput_limit", "utilisation",
+    out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries),
+                           "metric": summaries[0].get("metric")}
+    for key in ("final_accuracy", "final_loss", "samples", "throughput", "throughput_limit", "utilisation",
                 "traffic_Bps", "synced_fraction"):
         out[key] = _median([s.get(key) for s in summaries])
-    out["time_to_accuracy"] = {t: _median([s["time_to_accuracy"].get(t) for s in summaries])
-                               for t in summaries[0]["time_to_accuracy"]}
+    out["time_to_target"] = {t: _median([s["time_to_target"].get(t) for s in summaries])
+                             for t in summaries[0]["time_to_target"]}
     return out
 
 
@@ -96,22 +99,24 @@ class FastestDevice:
     speed: float
     #: the cluster's capacity ratio: median over the cluster runs (None: no cluster run)
     capacity: float | None
-    #: target key -> (the recipe that reached it first, its time to accuracy)
+    #: target key -> (the recipe that reached it first, its time to target)
     best: dict[str, tuple[str, float]]
-    #: the best final accuracy of its recipes, and which
-    end_accuracy: float | None
+    #: the best final figure (accuracy or loss) of its recipes, and which
+    end_value: float | None
     end_label: str | None
 
 
-def reference_end(results: Sequence[RunResult]) -> tuple[str, float] | None:
-    """(label, final accuracy) of the fastest device's recipe that ended best; None: no
-    reference run completed."""
-    ends = [(r.summary["final_accuracy"], r.label) for r in results
-            if r.kind == "reference" and r.summary and r.summary.get("final_accuracy")]
+def reference_end(results: Sequence[RunResult],
+                  metric: Metric = ACCURACY) -> tuple[str, float] | None:
+    """(label, final figure) of the fastest device's recipe that ended best (highest
+    accuracy, lowest loss); None: no reference run completed."""
+    key = f"final_{metric.short}"
+    ends = [(r.summary[key], r.label) for r in results
+            if r.kind == "reference" and r.summary and r.summary.get(key)]
     if not ends:
         return None
-    accuracy, label = max(ends)
-    return label, accuracy
+    value = metric.best(v for v, _ in ends)
+    return next(label for v, label in ends if v == value), value
 
 
 def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
@@ -121,9 +126,9 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
 
     1. its speed: the median of its runs' measured samples per second of computing;
     2. each run's capacity ratio: Σ its devices' measured speeds ÷ that speed;
-    3. the best recipe at each target: the one with the shortest time to accuracy;
+    3. the best recipe at each target: the one with the shortest time to target;
     4. each run's speed-up at each target: that recipe's time ÷ the run's; "end": at the best
-       recipe's final accuracy (`end`), so a speed-up there means the run got as far sooner;
+       recipe's final accuracy or loss (`end`), so a speed-up there means the run got as far sooner;
     5. its efficiency: speed-up ÷ capacity ratio (1: every sample worth one of the device's).
     """
     refs = [r for r in results if r.kind == "reference" and r.summary is not None]
@@ -139,7 +144,7 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
         keys["end"] = target_key(end[1])
     best: dict[str, tuple[str, float]] = {}
     for name, key in keys.items():
-        reached = [(r.summary["time_to_accuracy"].get(key), r.label) for r in refs]
+        reached = [(r.summary["time_to_target"].get(key), r.label) for r in refs]
         reached = [(t, label) for t, label in reached if t is not None]
         if reached:
             tta, label = min(reached)
@@ -148,7 +153,7 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
         if r.summary is None:
             continue
         for name, key in keys.items():
-            mine = r.summary["time_to_accuracy"].get(key)
+            mine = r.summary["time_to_target"].get(key)
             ratio = (best[name][1] / mine if name in best and mine else None)
             r.vs_fastest[name] = ratio
             r.efficiency[name] = (ratio / r.capacity if ratio is not None and r.capacity
@@ -190,12 +195,13 @@ def _spread(r: RunResult, value: Any, fmt: str, get) -> str:
 
 
 def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: float,
-         train_size: int | None, with_sync: bool = True) -> tuple[list[str], list[list[str]]]:
+         train_size: int | None, with_sync: bool = True,
+         metric: Metric = ACCURACY) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the comparison table (`with_sync`: the speedup-vs-sync column)."""
     keys = [target_key(t) for t in targets] + ["end"]
-    last = keys[-2]
+    last, final = keys[-2], f"final_{metric.short}"
     headers = (["run", "lr (how chosen)"] + [f"tta {t:g} (s)" for t in targets]
-               + ["final acc", "capacity"]
+               + [f"final {metric.short}", "capacity"]
                + [f"x fastest @{t:g}" for t in targets] + ["x fastest @end",
                   f"efficiency @{targets[-1]:g}", "efficiency @end"]
                + ([f"speedup vs sync @{speedup_at:g}"] if with_sync else [])
@@ -212,10 +218,10 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
         epochs = s["samples"] / train_size if train_size else None
         traffic = s.get("traffic_Bps")
         out.append([r.label, lr]
-                   + [_spread(r, s["time_to_accuracy"].get(target_key(t)), ".1f",
-                              lambda x, t=t: x["time_to_accuracy"].get(target_key(t)))
+                   + [_spread(r, s["time_to_target"].get(target_key(t)), ".1f",
+                              lambda x, t=t: x["time_to_target"].get(target_key(t)))
                       for t in targets]
-                   + [_spread(r, s["final_accuracy"], ".4f", lambda x: x["final_accuracy"]),
+                   + [_spread(r, s[final], ".4f", lambda x: x[final]),
                       _num(r.capacity, ".2f")]
                    + [_num(r.vs_fastest.get(k), ".2f") for k in keys]
                    + [_num(r.efficiency.get(last), ".2f"), _num(r.efficiency.get("end"), ".2f")]

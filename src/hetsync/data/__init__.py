@@ -1,4 +1,4 @@
-"""Data for hetsync: IDX reader, data sets (Fashion-MNIST, CIFAR-10, synthetic),
+"""Data for hetsync: IDX reader, data sets (Fashion-MNIST, CIFAR-10, Shakespeare, synthetic),
 partitioners over workers and a per-worker batch sampler.
 
 Typical use by a worker of rank ``r`` among ``P``::
@@ -14,8 +14,8 @@ from .arrays import ArrayDataset, DataSplit
 from .datasets import DATASETS, load_dataset
 from .errors import DataFormatError, DataNotFoundError, IdxFormatError, UnsafePickleError
 from .idx import read_idx, write_idx
-from .partition import (PARTITIONS, class_partition, dirichlet_partition, iid_partition,
-                        partition, shared_partition)
+from .partition import (PARTITIONS, class_partition, dirichlet_partition, group_partition,
+                        iid_partition, partition, shared_partition)
 from .sampler import ShardSampler
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "iid_partition",
     "shared_partition",
     "class_partition",
+    "group_partition",
     "dirichlet_partition",
     "partition",
     "ShardSampler",

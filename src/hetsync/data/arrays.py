@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -92,10 +92,13 @@ class ArrayDataset:
 
 @dataclass(frozen=True, eq=False)
 class DataSplit:
-    """A named data set's training and test sets, with the input shape and class count."""
+    """A named data set's training and test sets, the shape of one input and the number of
+    classes: (C, H, W) and classes for images; (context,) and the vocabulary's size for text
+    (:mod:`hetsync.data.text`), whose ``vocabulary`` decodes it."""
 
     name: str
-    train: ArrayDataset
-    test: ArrayDataset
-    input_shape: tuple[int, int, int]
+    train: Any  # ArrayDataset or TextDataset: len(), .labels, .batch(indices) -> (x, y)
+    test: Any
+    input_shape: tuple[int, ...]
     num_classes: int
+    vocabulary: Optional[Any] = None

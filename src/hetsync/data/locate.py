@@ -34,6 +34,7 @@ ENV_VAR = "HETSYNC_DATA"
 SYSTEM_DIRS: dict[str, tuple[str, ...]] = {
     "fashion-mnist": ("/usr/share/datasets/fashion-mnist",),
     "cifar10": (),
+    "shakespeare": (os.path.expanduser("~/.local/share/hetsync/shakespeare"),),
 }
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 #: the kinds partition() accepts
-PARTITIONS = ("iid", "shared", "class", "dirichlet")
+PARTITIONS = ("iid", "shared", "class", "group", "dirichlet")
 
 __all__ = ["PARTITIONS", "iid_partition", "shared_partition", "class_partition",
-           "dirichlet_partition", "partition"]
+           "group_partition", "dirichlet_partition", "partition"]
 
 Labels = Union[np.ndarray, torch.Tensor, Sequence[int]]
 
@@ -96,6 +96,37 @@ def class_partition(labels: Labels, num_workers: int) -> list[np.ndarray]:
     return [np.sort(order[r * size : (r + 1) * size]) for r in range(p)]
 
 
+def group_partition(labels: Labels, num_workers: int, seed: int) -> list[np.ndarray]:
+    """Whole groups per worker: every sample of a label goes to one worker. For text the label
+    is the work, so each worker reads its own plays (LEAF's natural non-IID split); for images
+    it is the class.
+
+    1. Shuffle the groups with ``seed`` (ties in size are broken differently per seed);
+    2. largest first, give each group to the worker with the fewest samples so far (greedy
+       longest-processing-time balancing: the largest share exceeds the smallest by at most
+       the largest group).
+
+    Needs at least as many groups as workers (else some worker would be empty), which is
+    checked. Nothing is dropped.
+    """
+    y = _labels(labels)
+    groups = np.unique(y)
+    p = _check_workers(num_workers, len(y))
+    if len(groups) < p:
+        raise ValueError(f"num_workers={p} is more than the {len(groups)} groups to share; "
+                         f"--partition group gives each worker whole groups")
+    rng = np.random.default_rng(seed)
+    groups = rng.permutation(groups)
+    sizes = np.array([np.count_nonzero(y == g) for g in groups])
+    load = np.zeros(p, np.int64)
+    members: list[list[int]] = [[] for _ in range(p)]
+    for k in np.argsort(-sizes, kind="stable"):
+        r = int(np.argmin(load))
+        members[r].append(groups[k])
+        load[r] += sizes[k]
+    return [np.flatnonzero(np.isin(y, m)).astype(np.int64) for m in members]
+
+
 def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: int) -> list[np.ndarray]:
     """Label-skewed split: for each class, draw worker proportions q ~ Dirichlet(α·1_P) and
     give each worker that share of the class's (shuffled) samples.
@@ -136,13 +167,15 @@ def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: in
 def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5) -> list[np.ndarray]:
     """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` and ``"shared"`` →
     :func:`shared_partition` over ``len(labels)`` samples, ``"class"`` →
-    :func:`class_partition`, ``"dirichlet"`` → :func:`dirichlet_partition` with ``alpha``."""
+    :func:`class_partition`, ``"group"`` → :func:`group_partition`, ``"dirichlet"`` → :func:`dirichlet_partition` with ``alpha``."""
     if kind == "iid":
         return iid_partition(len(_labels(labels)), num_workers, seed)
     if kind == "shared":
         return shared_partition(len(_labels(labels)), num_workers)
     if kind == "class":
         return class_partition(labels, num_workers)
+    if kind == "group":
+        return group_partition(labels, num_workers, seed)
     if kind == "dirichlet":
         return dirichlet_partition(labels, num_workers, alpha, seed)
     raise ValueError(f"unknown partition kind {kind!r}; expected one of {', '.join(PARTITIONS)}")

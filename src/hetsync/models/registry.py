@@ -5,8 +5,10 @@ Adding a family is one file plus one line: the file defines a builder
 and the line imports that file in ``hetsync.models.__init__``. Registration order is the order
 of `available_models()` (and so of ``MODEL_NAMES``).
 
-Every builder receives an already validated ``input_shape = (C, H, W)`` (three positive ints,
-``1 <= C <= 4``, ``H, W >= min_size``) and ``num_classes >= 2``; it never has to check them.
+Every builder receives an already validated ``input_shape`` and ``num_classes >= 2``; it never
+has to check them. An image model (``inputs="image"``) gets ``(C, H, W)`` (three positive ints,
+``1 <= C <= 4``, ``H, W >= min_size``) and classes; a token model (``inputs="tokens"``) gets
+``(context,)`` and the vocabulary's size, plus its size options as keywords.
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ MAX_CHANNELS = 4
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One registered model: its name, builder and the smallest H and W it accepts."""
+    """One registered model: its name, builder, the smallest H and W it accepts, and what it
+    reads: ``"image"`` batches (N, C, H, W) or ``"tokens"`` (N, T)."""
 
     name: str
     builder: Builder
     min_size: int
+    inputs: str = "image"
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
 
 
-def register(name: str, *, min_size: int = 1) -> Callable[[Builder], Builder]:
+INPUTS = ("image", "tokens")
+
+
+def register(name: str, *, min_size: int = 1, inputs: str = "image") -> Callable[[Builder], Builder]:
     """Decorator that registers ``builder`` under ``name``.
 
     ``min_size`` is the smallest height and width the architecture accepts (below it a
@@ -45,11 +52,13 @@ def register(name: str, *, min_size: int = 1) -> Callable[[Builder], Builder]:
         raise ValueError(f"model name must be a non-empty string, got {name!r}")
     if not isinstance(min_size, int) or isinstance(min_size, bool) or min_size < 1:
         raise ValueError(f"min_size must be a positive int, got {min_size!r}")
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {', '.join(INPUTS)}, got {inputs!r}")
 
     def decorator(builder: Builder) -> Builder:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is already registered")
-        _REGISTRY[name] = ModelSpec(name=name, builder=builder, min_size=min_size)
+        _REGISTRY[name] = ModelSpec(name=name, builder=builder, min_size=min_size, inputs=inputs)
         return builder
 
     return decorator
@@ -103,21 +112,33 @@ def validate_input_shape(input_shape: Sequence[int], min_size: int = 1) -> Input
     return (c, h, w)
 
 
-def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10) -> nn.Module:
-    """Build the registered model ``name`` for inputs of ``input_shape`` = (C, H, W).
+def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10,
+                **options) -> nn.Module:
+    """Build the registered model ``name`` for inputs of ``input_shape``: (C, H, W) for an image
+    model, (context,) for a token model (``num_classes`` then is the vocabulary's size, and
+    ``options`` its size, e.g. ``n_layer=4``).
 
-    The model maps a float batch ``(N, C, H, W)`` to logits ``(N, num_classes)`` and is
-    returned in training mode. Its initial weights depend only on torch's global RNG, so
-    ``torch.manual_seed(s)`` before the call makes the build reproducible.
+    The model maps a batch to logits, ``(N, num_classes)`` for images and
+    ``(N, num_classes, T)`` for tokens, and is returned in training mode. Its initial weights
+    depend only on torch's global RNG, so ``torch.manual_seed(s)`` before the call makes the
+    build reproducible.
 
     Raises ``ValueError`` for an unknown ``name`` (listing the known ones), an invalid
-    ``input_shape`` (C outside 1..4, H or W below the model's minimum) or ``num_classes < 2``.
+    ``input_shape`` (C outside 1..4, H or W below the model's minimum; a context below 1),
+    ``num_classes < 2``, or options an image model does not take.
     """
     spec = get_spec(name)
-    shape = validate_input_shape(input_shape, spec.min_size)
     if not _is_int(num_classes) or num_classes < 2:
         raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
-    return spec.builder(shape, num_classes)
+    if spec.inputs == "tokens":
+        shape = tuple(input_shape)
+        if len(shape) != 1 or not _is_int(shape[0]) or shape[0] < 1:
+            raise ValueError(f"model {name!r} reads token sequences: input_shape must be "
+                             f"(context,) with context >= 1, got {input_shape!r}")
+        return spec.builder(shape, num_classes, **options)
+    if options:
+        raise ValueError(f"model {name!r} takes no options, got {', '.join(options)}")
+    return spec.builder(validate_input_shape(input_shape, spec.min_size), num_classes)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

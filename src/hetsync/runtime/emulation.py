@@ -231,7 +231,6 @@ def measure_step_work(cfg: Config, split, steps: int = 40, warmup: int = 5,
     `seconds` (at least 3 steps)."""
     import torch
 
-    from hetsync.models import build_model
     from hetsync.runtime.worker import pick_device
 
     device = pick_device(cfg)
@@ -239,7 +238,7 @@ def measure_step_work(cfg: Config, split, steps: int = 40, warmup: int = 5,
     torch.set_num_threads(cfg.threads)
     try:
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.network, split.input_shape, split.num_classes).to(device)
+        model = cfg.build_model(split).to(device)
         model.train()
         criterion = torch.nn.CrossEntropyLoss()
         cpu_clock = time.thread_time if cfg.threads == 1 else time.process_time

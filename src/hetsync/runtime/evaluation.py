@@ -22,7 +22,8 @@
    a crash loses none; a resumed run drops those taken after its checkpoint (lost work).
 
 Each evaluation record holds the snapshot's stamp (`t, train_time, round, samples_seen`), the
-result (`test_acc, test_loss`) and `lag_s`, the seconds from the snapshot to its evaluation.
+result (`test_acc, test_loss`: for text the next character's accuracy and the loss in nats
+per character) and `lag_s`, the seconds from the snapshot to its evaluation.
 """
 
 from __future__ import annotations
@@ -51,18 +52,21 @@ class Evaluation:
 
 def evaluate(model: torch.nn.Module, dataset, device: torch.device,
              batch_size: int = 1000) -> Evaluation:
-    """Accuracy and mean loss on the whole test set (exact counts, not a mean of batch means)."""
+    """Accuracy and mean loss per prediction on the whole test set (exact counts, not a mean
+    of batch means): per image, or for text per character (a window of T characters is T
+    predictions, its logits class-second)."""
     was_training = model.training
     model.eval()
-    correct, loss_sum, n = 0, 0.0, len(dataset)
+    correct, loss_sum, n = 0, 0.0, 0
     with torch.no_grad():
-        for start in range(0, n, batch_size):
-            idx = torch.arange(start, min(start + batch_size, n))
+        for start in range(0, len(dataset), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(dataset)))
             x, y = dataset.batch(idx)
             x, y = x.to(device), y.to(device)
             out = model(x)
             loss_sum += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
             correct += int((out.argmax(1) == y).sum())
+            n += y.numel()
     model.train(was_training)
     return Evaluation(correct / n, loss_sum / n)
 
@@ -222,16 +226,14 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     evaluated. It stops following a run whose workers have been silent for its `--timeout`
     (they died without ending it), saying so on stderr."""
     from hetsync.config import Config
-    from hetsync.data import load_dataset
-    from hetsync.models import build_model
     from hetsync.telemetry.recorder import JsonlWriter
 
     run_dir = Path(run_dir)
     started = time.time()
     cfg = Config.load(run_dir / "config.json")
     torch.set_num_threads(1)
-    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
-    model = build_model(cfg.network, data.input_shape, data.num_classes)
+    data = cfg.load_data()
+    model = cfg.build_model(data)
     device = torch.device("cpu")
     total = 0
     with JsonlWriter(run_dir / "eval.jsonl") as out:

@@ -55,6 +55,7 @@ class LoopState:
     eval_total: float = 0.0           # seconds paused for evaluation
     last_eval_train_time: float = 0.0
     last_acc: float = float("nan")
+    last_loss: float = float("nan")
     samples_seen: int = 0
 
     def train_time(self, now: float) -> float:
@@ -117,7 +118,8 @@ class TrainingLoop:
         seen = st.samples_seen + samples  # this round's own samples are not counted yet
         stop = ((cfg.time_budget is not None and train_time >= cfg.time_budget)
                 or (cfg.epochs is not None and seen >= cfg.epochs * self.train_size)
-                or (cfg.target_acc is not None and st.last_acc >= cfg.target_acc))
+                or (cfg.target_acc is not None and st.last_acc >= cfg.target_acc)
+                or (cfg.target_loss is not None and st.last_loss <= cfg.target_loss))
         if cfg.eval_every > 0:
             evaluate_now = self.mode.round % cfg.eval_every == 0
         else:
@@ -149,7 +151,7 @@ class TrainingLoop:
                     self._global_state = _cpu_state(self.mode.model)
             st.last_eval_train_time = train_time
             if not self.deferred:
-                st.last_acc = result.test_acc
+                st.last_acc, st.last_loss = result.test_acc, result.test_loss
                 self._record_evaluation({**stamp, "test_acc": result.test_acc,
                                          "test_loss": result.test_loss})
         if self.pauses_everyone and not self.deferred:
@@ -271,7 +273,8 @@ class TrainingLoop:
                  "loop": {"t": now - st.t0, "eval_total": st.eval_total,
                           "train_time": st.train_time(now), "samples_seen": st.samples_seen,
                           "last_eval_train_time": st.last_eval_train_time,
-                          "last_acc": st.last_acc, "evaluations": self._evaluations}}
+                          "last_acc": st.last_acc, "last_loss": st.last_loss,
+                          "evaluations": self._evaluations}}
         if self.rank == 0:
             if self._global_state is None:  # (every due point of rank 0 is an evaluation)
                 raise RuntimeError("rank 0's checkpoint has no global model")
@@ -287,7 +290,8 @@ class TrainingLoop:
         loop = self._restored["loop"]  # the clock goes on from the checkpoint's
         return LoopState(t0=t0 - loop["t"], eval_total=loop["eval_total"],
                          last_eval_train_time=loop["last_eval_train_time"],
-                         last_acc=loop["last_acc"], samples_seen=loop["samples_seen"])
+                         last_acc=loop["last_acc"], last_loss=loop["last_loss"],
+                         samples_seen=loop["samples_seen"])
 
     # ------------------------------------------------------------------ the loop
     def run(self, t0: float) -> LoopState:

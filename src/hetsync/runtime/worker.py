@@ -96,8 +96,7 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
          resume: bool | str) -> Path:
     from hetsync.comm import set_default_timeout
-    from hetsync.data import ShardSampler, load_dataset
-    from hetsync.models import build_model
+    from hetsync.data import ShardSampler
 
     set_default_timeout(cfg.timeout)
     spec, options = cfg.spec, cfg.mode_options()
@@ -120,13 +119,13 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
 
     own, index = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
                   else (None, None))
-    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    data = cfg.load_data()
     # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
     # the data is not one batch; nothing is written before the data is known to be good
     shards = cfg.validate_data(data)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
-    model = build_model(cfg.network, data.input_shape, data.num_classes).to(device)
+    model = cfg.build_model(data).to(device)
     if index is not None:  # every process starts from rank 0's global model
         _load_global(model, run_dir, index, rank, world)
 

@@ -14,8 +14,8 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
   would plan each other's rounds. A server that has no run yet (restarted) takes the first
   report's, and its `lost` ranks (a run that went on without a worker names them in every
   report, so that a restarted server does not plan for them again).
-- `POST /progress` `{"run", "rank", "worker": {figures}, "loss": [[t, v]...], "accuracy":
-  [[t, acc]...], "mode"?, "deferred"?}` → `{"ok": true}`: a worker's figures for the live page
+- `POST /progress` `{"run", "rank", "worker": {figures}, "loss": [[t, v]...], "evaluated":
+  [[t, accuracy or loss]...], "mode"?, "deferred"?, "metric"? ("test_acc" or "test_loss")}` → `{"ok": true}`: a worker's figures for the live page
   (`--live-report`, any mode; `telemetry.live.LiveBoard` checks and bounds them);
 - `GET /live/` → the live page of every mode (`telemetry/live.py`'s, as `launch` serves it),
   drawn from `GET /live/data`: for runs across machines;

@@ -10,7 +10,7 @@ records) to the state server, which serves the same page at `/live/` (`LiveBoard
   round, step time (compute ÷ local steps of its last round), computing time ratio and wait so
   far, samples, its measured speed over its last `RECENT` rounds (samples per second of
   computing) beside its emulated device's nominal speed (`run.json`); rank 0's training loss
-  per round; the accuracy curve so far, in training-time order (deferred evaluation: as the
+  per round; the curve of the evaluations' accuracy (or loss) so far, in training-time order (deferred evaluation: as the
   evaluator process evaluates the snapshots, or at the end without one).
 - `GET /` → one HTML page whose script fetches `/data` every second and redraws its table,
   a line for each device running below `HELD` of its nominal speed, and the curves in place
@@ -33,6 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from hetsync.serving import Service
+from hetsync.telemetry.metric import ACCURACY, LOSS, Metric, metric_of
 from hetsync.telemetry.summarize import HELD
 
 #: rounds over which the page measures a worker's speed
@@ -87,10 +88,12 @@ def accumulate(w: dict[str, Any], record: dict[str, Any], recent: deque) -> None
 
 
 def page_data(run: str, mode: str | None, deferred: bool, workers: dict[int, dict],
-              accuracy: list, loss: list) -> dict[str, Any]:
+              evaluated: list, loss: list, metric: str = ACCURACY.key) -> dict[str, Any]:
     """What `/data` answers (the page draws it): each worker's figures with its computing
     time ratio (compute ÷ time not spent evaluating) and a line if its device runs below
-    HELD of its nominal speed, and the curves so far (accuracy in training-time order)."""
+    HELD of its nominal speed, and the curves so far: the training loss, and the evaluations'
+    figure of merit (`metric`: the record's key, test accuracy or validation loss) in
+    training-time order."""
     shown, slow = [], []
     for rank in sorted(workers):
         w = dict(workers[rank])
@@ -102,7 +105,8 @@ def page_data(run: str, mode: str | None, deferred: bool, workers: dict[int, dic
                         f"samples per second of computing, its last rounds)")
         shown.append(w)
     return {"run": run, "mode": mode, "deferred": deferred, "workers": shown, "slow": slow,
-            "accuracy": sorted(accuracy)[-MAX_POINTS:], "loss": list(loss)[-MAX_POINTS:]}
+            "evaluated": sorted(evaluated)[-MAX_POINTS:], "loss": list(loss)[-MAX_POINTS:],
+            "label": (LOSS if metric == LOSS.key else ACCURACY).label}
 
 
 #: points of each curve a page shows (the latest)
@@ -123,8 +127,9 @@ class RunWatcher:
         self._nominal: dict[int, float | None] = dict(nominal or {})
         self._given = set(self._nominal)
         self._evals = _Tail(self.run_dir / "eval.jsonl")
-        self.accuracy: list[tuple[float, float]] = []
+        self.evaluated: list[tuple[float, float]] = []
         self.loss: list[tuple[float, float]] = []
+        self.metric: Metric | None = None  # (from run.json's config)
 
     def update(self) -> None:
         """Read what was appended since the last call."""
@@ -140,13 +145,16 @@ class RunWatcher:
                 accumulate(w, r, recent)
                 if rank == 0 and r.get("loss") is not None:
                     self.loss.append((r["t_end"], r["loss"]))
-        if self.ranks is None or 0 in self.ranks:
+        if self.metric is None:
+            self.run_info()
+        if (self.ranks is None or 0 in self.ranks) and self.metric is not None:
             for e in self._evals.new():
-                if e.get("test_acc") is not None:
-                    self.accuracy.append((e.get("train_time") or 0.0, e["test_acc"]))
+                if self.metric.of(e) is not None:
+                    self.evaluated.append((e.get("train_time") or 0.0, self.metric.of(e)))
 
     def run_info(self) -> dict[str, Any]:
-        """The run's name, mode and whether its evaluation is deferred (from `run.json`)."""
+        """The run's name, mode, whether its evaluation is deferred and the key of its figure
+        of merit (from `run.json`)."""
         run = {}
         if (self.run_dir / "run.json").exists():
             try:
@@ -154,17 +162,21 @@ class RunWatcher:
             except ValueError:  # being replaced this instant
                 run = {}
         config = run.get("config") or {}
+        if run:
+            self.metric = metric_of(config.get("dataset"))
         for entry in run.get("ranks") or []:  # each emulated device's nominal speed
             if (isinstance(entry, dict) and isinstance(entry.get("rank"), int)
                     and entry["rank"] not in self._given):
                 self._nominal[entry["rank"]] = entry.get("nominal_speed")
         return {"run": run.get("run_name", self.run_dir.name), "mode": run.get("mode"),
-                "deferred": bool(config.get("deferred_eval")) and not config.get("target_acc")}
+                "deferred": bool(config.get("deferred_eval")) and not config.get("target_acc")
+                             and not config.get("target_loss"),
+                "metric": (self.metric or ACCURACY).key}
 
     def snapshot(self) -> dict[str, Any]:
         info = self.run_info()
         self.update()
-        return page_data(**info, workers=self.workers, accuracy=self.accuracy, loss=self.loss)
+        return page_data(**info, workers=self.workers, evaluated=self.evaluated, loss=self.loss)
 
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>hetsync live</title>
@@ -226,8 +238,8 @@ async function refresh() {
       w.samples + "</td><td>" + num(w.speed) + "</td><td>" + num(w.nominal_speed) +
       "</td></tr>").join("");
     document.getElementById("slow").innerHTML = (d.slow || []).map(t => "<li>" + t + "</li>").join("");
-    const last = d.accuracy.length ? d.accuracy[d.accuracy.length - 1] : null;
-    draw("acc", d.accuracy, "test accuracy" + (last ? " (" + last[1].toFixed(4) + " at " +
+    const last = d.evaluated.length ? d.evaluated[d.evaluated.length - 1] : null;
+    draw("acc", d.evaluated, d.label + (last ? " (" + last[1].toFixed(4) + " at " +
          last[0].toFixed(0) + " s)" : "") + (d.deferred ? ", as the snapshots are evaluated" : ""),
          "training time (s)");
     draw("loss", d.loss, "rank 0's training loss per round", "time since the start (s)");
@@ -267,8 +279,9 @@ class LiveBoard:
         self.mode: str | None = None
         self.deferred = False
         self.workers: dict[int, dict[str, Any]] = {}
-        self.accuracy: deque = deque(maxlen=MAX_POINTS)
+        self.evaluated: deque = deque(maxlen=MAX_POINTS)
         self.loss: deque = deque(maxlen=MAX_POINTS)
+        self.metric = ACCURACY.key
         self.last_post = -math.inf
 
     def post(self, body: dict, workers: int, now: float) -> None:
@@ -281,12 +294,15 @@ class LiveBoard:
         figures = _checked_figures(body.get("worker"), rank, self.NUMBERS, self.MAX_NUMBER,
                                    self.OPTIONAL)
         points = {name: _checked_points(body.get(name, []), name, self.MAX_POST_POINTS)
-                  for name in ("loss", "accuracy")}
+                  for name in ("loss", "evaluated")}
         mode, deferred = body.get("mode"), body.get("deferred", False)
         if mode is not None and not (isinstance(mode, str) and len(mode) <= 64):
             raise ValueError("field 'mode' must be a mode's name")
         if not isinstance(deferred, bool):
             raise ValueError("field 'deferred' must be true or false")
+        metric = body.get("metric", ACCURACY.key)
+        if metric not in (ACCURACY.key, LOSS.key):
+            raise ValueError(f"field 'metric' must be {ACCURACY.key!r} or {LOSS.key!r}")
         if run != self.run:
             if now - self.last_post < self.IDLE_S:
                 raise self.RunConflict(
@@ -297,13 +313,13 @@ class LiveBoard:
         self.last_post = now
         self.workers[rank] = figures
         if rank == 0:
-            self.mode, self.deferred = mode, deferred
+            self.mode, self.deferred, self.metric = mode, deferred, metric
         self.loss.extend(points["loss"])
-        self.accuracy.extend(points["accuracy"])
+        self.evaluated.extend(points["evaluated"])
 
     def snapshot(self) -> dict[str, Any]:
         return page_data(self.run or "(no run has posted yet)", self.mode, self.deferred,
-                         self.workers, self.accuracy, self.loss)
+                         self.workers, self.evaluated, self.loss, self.metric)
 
 
 def _checked_figures(figures: Any, rank: int, numbers: dict, bound: float,
@@ -355,7 +371,7 @@ class LivePoster:
         self.watcher = RunWatcher(run_dir, ranks={rank}, nominal={rank: nominal_speed})
         self.rank, self.client, self.run, self.interval = rank, client, run, interval
         self.stream = stream
-        self._sent = {"loss": 0, "accuracy": 0}
+        self._sent = {"loss": 0, "evaluated": 0}
         self._stop = threading.Event()
         self._warned = False
         self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -377,16 +393,16 @@ class LivePoster:
         self.watcher.update()
         info = self.watcher.run_info()
         body = {"run": self.run, "rank": self.rank, "mode": info["mode"],
-                "deferred": info["deferred"],
+                "deferred": info["deferred"], "metric": info["metric"],
                 "worker": dict(self.watcher.workers.get(self.rank, new_worker(self.rank)))}
-        # every accuracy point, in chunks; the loss thinned when it comes faster than posts
+        # every evaluation, in chunks; the loss thinned when it comes faster than posts
         loss = self.watcher.loss[self._sent["loss"]:]
         loss = loss[::math.ceil(len(loss) / self.POINTS_PER_POST)] if loss else []
-        accuracy = self.watcher.accuracy[self._sent["accuracy"]:][:self.POINTS_PER_POST]
+        evaluated = self.watcher.evaluated[self._sent["evaluated"]:][:self.POINTS_PER_POST]
         body["loss"] = [[round(t, 3), round(v, 5)] for t, v in loss]
-        body["accuracy"] = [[round(t, 3), round(v, 5)] for t, v in accuracy]
+        body["evaluated"] = [[round(t, 3), round(v, 5)] for t, v in evaluated]
         sent = {"loss": len(self.watcher.loss),
-                "accuracy": self._sent["accuracy"] + len(accuracy)}
+                "evaluated": self._sent["evaluated"] + len(evaluated)}
         try:
             self.client.progress(body)
         except StateServerError as err:
@@ -396,10 +412,10 @@ class LivePoster:
                 self._warned = True
             return False
         self._sent = sent
-        return sent["accuracy"] < len(self.watcher.accuracy)
+        return sent["evaluated"] < len(self.watcher.evaluated)
 
     def close(self, final: bool = True) -> None:
-        """Stop; `final`: post what is left first (e.g. the deferred evaluations' accuracy)."""
+        """Stop; `final`: post what is left first (e.g. the deferred evaluations)."""
         self._stop.set()
         self._thread.join(timeout=30)
         while final and self.post():

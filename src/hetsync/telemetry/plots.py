@@ -2,12 +2,13 @@
 
 :func:`plot_runs` draws, for several run directories:
 
-1. ``accuracy.png``: test accuracy vs training time (eval ``train_time``, evaluation excluded),
-   one line per run, a sequential-SGD reference dashed;
+1. ``accuracy.png`` (``loss.png`` for language modelling: the runs' figure of merit,
+   :mod:`hetsync.telemetry.metric`): test accuracy or validation loss vs training time (eval
+   ``train_time``, evaluation excluded), one line per run, a sequential-SGD reference dashed;
 2. ``throughput.png``: samples/s per run, with each run's throughput limit marked;
 3. ``traffic.png``: MB/s sent by all processes per run;
 4. ``computing_time_ratio.png``: per worker per run;
-5. ``speedup.png``: time-to-accuracy of the ``sync`` run ÷ each run's (skipped, with a warning,
+5. ``speedup.png``: time-to-target of the ``sync`` run ÷ each run's (skipped, with a warning,
    when there is no sync run or it never reached the target);
 6. ``timeline-{label}.png``: per run, one lane per rank with each round's compute, wait, comm
    and evaluation time.
@@ -29,9 +30,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from hetsync.telemetry.metric import Metric, metric_of
 from hetsync.telemetry.runlog import RunLog, read_run
-from hetsync.telemetry.summarize import (DEFAULT_TARGETS, SPEEDUP_BASELINE, speedup,
-                                         summarize_log, target_key)
+from hetsync.telemetry.summarize import SPEEDUP_BASELINE, speedup, summarize_log, target_key
 
 __all__ = [
     "PHASES",
@@ -137,21 +138,31 @@ def _unique_labels(labels: Sequence[str], runs: Sequence[RunLog]) -> list[str]:
     return out
 
 
-def _targets(target: float) -> list[float]:
-    return sorted(set(DEFAULT_TARGETS) | {float(target)})
+def _metric(logs: Sequence[RunLog]) -> Metric:
+    """The figure of merit every run shares; ValueError for runs judged differently."""
+    metrics = {metric_of(log.config.get("dataset")) for log in logs}
+    if len(metrics) > 1:
+        raise ValueError("the runs are judged by different figures (" + ", ".join(
+            sorted(m.label for m in metrics)) + "); plot runs of one kind of data set together")
+    return metrics.pop()
 
 
-def _load(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, target: float) -> list[_Run]:
+def _load(run_dirs: Sequence[str | Path], labels: Sequence[str] | None,
+          target: float | None) -> tuple[list[_Run], Metric, float]:
+    """The runs, their figure of merit, and `target` (by default its second target)."""
     logs = [read_run(d) for d in run_dirs]
+    metric = _metric(logs)
+    target = metric.default_targets[1] if target is None else metric.check_target(float(target))
+    targets = sorted(set(metric.default_targets) | {target})
     if labels is None:
         labels = [str(log.mode or log.run_dir.name) for log in logs]
     elif len(labels) != len(logs):
         raise ValueError(f"labels has {len(labels)} entries for {len(logs)} run directories")
     labels = _unique_labels(list(labels), logs)
     return [
-        _Run(label, log, summarize_log(log, _targets(target)), _RUN_COLOURS[i % len(_RUN_COLOURS)])
+        _Run(label, log, summarize_log(log, targets), _RUN_COLOURS[i % len(_RUN_COLOURS)])
         for i, (label, log) in enumerate(zip(labels, logs))
-    ]
+    ], metric, target
 
 
 def _bar_labels(ax, bars, texts: Sequence[str]) -> None:
@@ -189,10 +200,11 @@ def _workers_caption(run: _Run) -> str:
 
 # --- the figures --------------------------------------------------------------------------------
 
-def _plot_accuracy(runs: Sequence[_Run], path: Path, sequential: _Run | None,
-                   target: float | None, ideal: float | None = None) -> Path:
-    """Test accuracy vs training time (eval ``train_time``: wall time minus evaluation time);
-    the sequential run dashed, and its curve at `ideal` times its speed dotted."""
+def _plot_metric(runs: Sequence[_Run], path: Path, sequential: _Run | None,
+                 target: float | None, metric: Metric, ideal: float | None = None) -> Path:
+    """Test accuracy (or validation loss) vs training time (eval ``train_time``: wall time
+    minus evaluation time); the sequential run dashed, and its curve at `ideal` times its
+    speed dotted."""
     fig = _figure(8, 5)
     ax = fig.add_subplot()
     lines = [(r, "-", 1.0) for r in runs] + ([(sequential, "--", 1.0)] if sequential else [])
@@ -200,12 +212,12 @@ def _plot_accuracy(runs: Sequence[_Run], path: Path, sequential: _Run | None,
         lines.append((sequential, ":", ideal))
     drawn = 0
     for run, style, speed in lines:
-        evals = [e for e in run.log.evals if e.get("test_acc") is not None]
+        evals = [e for e in run.log.evals if metric.of(e) is not None]
         if not evals:
             continue
         x = [float(e["train_time"]) / speed for e in evals]
-        y = [float(e["test_acc"]) for e in evals]
-        best = run.summary["best_accuracy"]
+        y = [metric.of(e) for e in evals]
+        best = run.summary[f"best_{metric.short}"]
         label = (f"ideal: {run.label} x {speed:.2f} capacity" if speed != 1
                  else f"{run.label} (best {best:.3f})")
         ax.plot(x, y, style, color="black" if style != "-" else run.colour, lw=1.8,
@@ -215,13 +227,17 @@ def _plot_accuracy(runs: Sequence[_Run], path: Path, sequential: _Run | None,
         ax.axhline(target, color="0.5", lw=1, ls=":", label=f"target {target:g}")
     if not drawn:
         _no_data(ax, "no evaluations recorded")
-    # near the target is where runs part: the first seconds' climb is cut
-    ax.set(title="Test accuracy vs training time", xlabel="training time (s, evaluation excluded)",
-           ylabel="test accuracy", ylim=(0 if target is None else max(0.0, target - 0.3), 1))
+    # near the target is where runs part: the first seconds' climb (or fall) is cut
+    ax.set(title=f"{metric.label.split(' (')[0].capitalize()} vs training time",
+           xlabel="training time (s, evaluation excluded)", ylabel=metric.label)
+    if metric.higher_is_better:
+        ax.set_ylim(0 if target is None else max(0.0, target - 0.3), 1)
+    elif target is not None:
+        ax.set_ylim(top=target + 0.8)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     if drawn or target is not None:
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right" if metric.higher_is_better else "upper right")
     return _save(fig, path)
 
 
@@ -302,16 +318,16 @@ def _plot_computing_time_ratio(runs: Sequence[_Run], path: Path) -> Path:
     return _save(fig, path)
 
 
-def _plot_speedup(runs: Sequence[_Run], path: Path, target: float) -> Path | None:
-    """Speedup = time-to-accuracy(target) of the ``sync`` run ÷ each run's own."""
+def _plot_speedup(runs: Sequence[_Run], path: Path, target: float, metric: Metric) -> Path | None:
+    """Speedup = time-to-target of the ``sync`` run ÷ each run's own."""
     base = next((r for r in runs if r.summary["mode"] == SPEEDUP_BASELINE), None)
     if base is None:
         warnings.warn(f"speedup.png skipped: no run with mode 'sync' among {[r.label for r in runs]}",
                       PlotWarning, stacklevel=3)
         return None
-    if base.summary["time_to_accuracy"].get(target_key(target)) is None:
-        warnings.warn(f"speedup.png skipped: the sync run ({base.label}) never reached test "
-                      f"accuracy {target:g}", PlotWarning, stacklevel=3)
+    if base.summary["time_to_target"].get(target_key(target)) is None:
+        warnings.warn(f"speedup.png skipped: the sync run ({base.label}) never reached "
+                      f"{metric.label} {target:g}", PlotWarning, stacklevel=3)
         return None
     factors = speedup({r.label: r.summary for r in runs}, baseline=base.label, target=target)
     fig = _figure(max(5.0, 1.3 * len(runs) + 2.5), 4.8)
@@ -321,13 +337,13 @@ def _plot_speedup(runs: Sequence[_Run], path: Path, target: float) -> Path | Non
     bars = ax.bar(x, values, color=[r.colour for r in runs], width=0.6)
     texts = []
     for r in runs:
-        f, tta = factors[r.label], r.summary["time_to_accuracy"][target_key(target)]
+        f, tta = factors[r.label], r.summary["time_to_target"][target_key(target)]
         texts.append(f"{f:.2f}×\n{tta:,.0f} s to {target:g}" if f is not None else f"never reached {target:g}")
     _bar_labels(ax, bars, texts)
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_xticks(list(x), [r.label for r in runs])
-    ax.set(title=f"Speedup over {base.label} to test accuracy {target:g}",
-           ylabel=f"time-to-accuracy of {base.label} ÷ own (×)")
+    ax.set(title=f"Speedup over {base.label} to {metric.label.split(' (')[0]} {target:g}",
+           ylabel=f"time-to-target of {base.label} ÷ own (×)")
     ax.set_ylim(0, max(values + [1.0]) * 1.25)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
@@ -381,14 +397,15 @@ def plot_runs(
     out_dir: str | Path,
     labels: Sequence[str] | None = None,
     sequential: str | Path | None = None,
-    target: float = 0.8,
+    target: float | None = None,
     sequential_label: str | None = None,
     ideal: float | None = None,
 ) -> list[Path]:
     """Write the comparison figures of ``run_dirs`` into ``out_dir`` and return their paths:
-    ``accuracy.png``, ``throughput.png``, ``traffic.png``, ``computing_time_ratio.png``,
+    ``accuracy.png`` (``loss.png`` for runs judged by loss), ``throughput.png``, ``traffic.png``, ``computing_time_ratio.png``,
     ``speedup.png`` (at ``target``; skipped with a :class:`PlotWarning` when no run has mode
-    ``sync`` or it never reached the target) and one ``timeline-{label}.png`` per run.
+    ``sync`` or it never reached the target; by default the metric's second default target:
+    accuracy 0.8, loss 2.0) and one ``timeline-{label}.png`` per run.
 
     A run's label is its mode unless ``labels`` are given (runs sharing a label get their run
     name appended). ``sequential`` is a one-device run directory drawn in the accuracy figure
@@ -400,19 +417,18 @@ def plot_runs(
         raise ValueError("plot_runs needs at least one run directory")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = _load(run_dirs, labels, target)
+    runs, metric, target = _load(run_dirs, labels, target)
     seq = None
     if sequential is not None:
         log = read_run(sequential)
-        seq = _Run(sequential_label or SEQUENTIAL_LABEL, log,
-                   summarize_log(log, _targets(target)), "black")
+        seq = _Run(sequential_label or SEQUENTIAL_LABEL, log, summarize_log(log), "black")
     paths = [
-        _plot_accuracy(runs, out / "accuracy.png", seq, target, ideal),
+        _plot_metric(runs, out / f"{metric.short}.png", seq, target, metric, ideal),
         _plot_throughput(runs, out / "throughput.png"),
         _plot_traffic(runs, out / "traffic.png"),
         _plot_computing_time_ratio(runs, out / "computing_time_ratio.png"),
     ]
-    sp = _plot_speedup(runs, out / "speedup.png", target)
+    sp = _plot_speedup(runs, out / "speedup.png", target, metric)
     if sp is not None:
         paths.append(sp)
     paths += [_plot_timeline(r, out / f"timeline-{_filename_part(r.label)}.png") for r in runs]
@@ -420,14 +436,14 @@ def plot_runs(
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None, target: float | None = None) -> list[Path]:
-    """Write one run's figures (``accuracy.png``, ``computing_time_ratio.png``,
+    """Write one run's figures (``accuracy.png`` or ``loss.png``, ``computing_time_ratio.png``,
     ``timeline-{mode}.png``) into ``out_dir`` (default: the run directory) and return their
     paths. ``target``, when given, is drawn as a line in the accuracy figure."""
     out = Path(run_dir if out_dir is None else out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (run,) = _load([run_dir], None, target if target is not None else DEFAULT_TARGETS[0])
+    (run,), metric, _ = _load([run_dir], None, target)
     return [
-        _plot_accuracy([run], out / "accuracy.png", None, target),
+        _plot_metric([run], out / f"{metric.short}.png", None, target, metric),
         _plot_computing_time_ratio([run], out / "computing_time_ratio.png"),
         _plot_timeline(run, out / f"timeline-{_filename_part(run.label)}.png"),
     ]

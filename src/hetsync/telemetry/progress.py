@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from hetsync.telemetry.metric import metric_of
+
 
 class JsonlTail:
     """Reads the complete lines appended to a JSONL file since the last call."""
@@ -59,8 +61,8 @@ class ClusterProgress:
     def _line(self) -> str:
         mode = self.cfg.effective_mode
         elapsed = time.monotonic() - self.started
-        acc = ("acc —" if self.last_eval is None else
-               f"acc {self.last_eval['test_acc']:.4f} @ {self.last_eval['train_time']:.0f}s")
+        acc = metric_of(self.cfg.dataset).show(self.last_eval) + (
+            "" if self.last_eval is None else f" @ {self.last_eval['train_time']:.0f}s")
         rate = self.samples / self.t_end if self.t_end > 0 else 0.0
         rnd = max(self.rounds.values(), default=0)
         steps = " ".join(f"w{r}:{s}" for r, s in self.steps_last.items())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Mapping, Sequence
 
+from hetsync.telemetry.metric import ACCURACY, LOSS, bits, metric_of_summary
+
 
 def _num(value: Any, fmt: str, missing: str = "—") -> str:
     return missing if value is None else format(value, fmt)
@@ -21,8 +23,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), line("-" * w for w in widths)] + [line(r) for r in rows])
 
 
-def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
-    s = summary
+def print_summary(summary: Mapping[str, Any], stream=None) -> None:
+    s, stream = summary, stream or sys.stdout
     slow = ",".join(f"{x:g}" for x in s.get("slowdowns") or [])
     scale = s.get("speed_scale") or 1.0
     print(f"\nrun {s['run_name']}: {s['mode']}, {s['workers']} worker(s)"
@@ -33,14 +35,20 @@ def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
           + (f"; went on without rank {', '.join(map(str, s['lost_workers']))}"
              if s.get("lost_workers") else ""),
           file=stream)
-    tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_accuracy"].items())
+    metric = metric_of_summary(s)
+    tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_target"].items())
     print(f"wall {s['wall_s']:.1f} s | {s['samples']:,} samples | throughput "
           f"{_num(s['throughput'], ',.0f')} samples/s | utilisation "
           f"{_num(s['utilisation'], '.2f')} of {_num(s['throughput_limit'], ',.0f')} | traffic "
           f"{_num(s['traffic_Bps'] and s['traffic_Bps'] / 1e6, '.2f')} MB/s", file=stream)
-    print(f"time to accuracy  {tta}", file=stream)
-    print(f"final accuracy {_num(s['final_accuracy'], '.4f')} (best "
-          f"{_num(s['best_accuracy'], '.4f')}) after {s['rounds']} rounds"
+    print(f"time to {metric.short} {'>=' if metric.higher_is_better else '<='} {tta}",
+          file=stream)
+    final = (f"final loss {_num(s['final_loss'], '.4f')} ({_num(bits(s['final_loss']), '.3f')} "
+             f"bits per character; best {_num(s['best_loss'], '.4f')}), next-character accuracy "
+             f"{_num(s['final_accuracy'], '.4f')}" if metric is LOSS else
+             f"final accuracy {_num(s['final_accuracy'], '.4f')} (best "
+             f"{_num(s['best_accuracy'], '.4f')})")
+    print(f"{final} after {s['rounds']} rounds"
           + (f" | synchronised steps {s['synced_fraction']:.1%}"
              if s.get("synced_fraction") is not None else ""), file=stream)
     stale = [w["mean_staleness"] for w in s["per_worker"] if w.get("mean_staleness") is not None]
@@ -65,16 +73,19 @@ def print_summary(summary: Mapping[str, Any], stream=sys.stdout) -> None:
 
 
 def print_comparison(summaries: Mapping[str, Mapping[str, Any]], speedups: Mapping[str, Any],
-                     lrs: Mapping[str, Any] | None = None, stream=sys.stdout) -> None:
-    """One row per run: time-to-accuracy per target, speedup vs sync, accuracy, throughput..."""
-    targets = list(next(iter(summaries.values()))["time_to_accuracy"]) if summaries else []
+                     lrs: Mapping[str, Any] | None = None, stream=None) -> None:
+    """One row per run: time-to-target per target, speedup vs sync, the final accuracy or
+    loss, throughput..."""
+    stream = stream or sys.stdout
+    targets = list(next(iter(summaries.values()))["time_to_target"]) if summaries else []
+    metric = metric_of_summary(next(iter(summaries.values()))) if summaries else ACCURACY
     rows = []
     for name, s in summaries.items():
         rows.append([name, str((lrs or {}).get(name, s.get("lr")))]
-                    + [_num(s["time_to_accuracy"].get(t), ".1f") for t in targets]
-                    + [_num(speedups.get(name), ".2f"), _num(s["final_accuracy"], ".4f"),
+                    + [_num(s["time_to_target"].get(t), ".1f") for t in targets]
+                    + [_num(speedups.get(name), ".2f"), _num(s[f"final_{metric.short}"], ".4f"),
                        _num(s["throughput"], ",.0f"), _num(s["utilisation"], ".2f"),
                        _num(s["traffic_Bps"] and s["traffic_Bps"] / 1e6, ".2f")])
     print(table(["run", "lr"] + [f"tta {t} (s)" for t in targets]
-                + ["speedup", "final acc", "samples/s", "utilisation", "MB/s"], rows),
+                + ["speedup", f"final {metric.short}", "samples/s", "utilisation", "MB/s"], rows),
           file=stream)

@@ -13,15 +13,15 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from hetsync.telemetry.metric import ACCURACY, Metric, metric_of
 from hetsync.telemetry.runlog import RunLog, read_run
 
 __all__ = [
-    "DEFAULT_TARGETS",
     "target_key",
     "run_wall_time",
     "worker_stats",
     "traffic",
-    "time_to_accuracy",
+    "time_to_target",
     "summarize_log",
     "summarize",
     "speedup",
@@ -30,13 +30,12 @@ __all__ = [
     "write_summary",
 ]
 
-DEFAULT_TARGETS: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9)
 #: an emulated device measured below this fraction of its nominal speed did not keep it
 HELD = 0.9
 
 
 def target_key(target: float) -> str:
-    """The key of ``target`` in ``time_to_accuracy``: ``str(float(target))``, e.g. ``"0.8"``."""
+    """The key of ``target`` in ``time_to_target``: ``str(float(target))``, e.g. ``"0.8"``."""
     return str(float(target))
 
 
@@ -140,26 +139,28 @@ def traffic(
     }
 
 
-def time_to_accuracy(evals: Sequence[Mapping[str, Any]], targets: Iterable[float]) -> dict[str, float | None]:
-    """{target_key(a): ``train_time`` of the first evaluation (in training-time order) with
-    ``test_acc`` ≥ a, or ``None`` when no evaluation reached a}.
+def time_to_target(evals: Sequence[Mapping[str, Any]], targets: Iterable[float],
+                   metric: Metric = ACCURACY) -> dict[str, float | None]:
+    """{target_key(a): ``train_time`` of the first evaluation (in training-time order) whose
+    ``metric`` reached a (accuracy ≥ a, loss ≤ a), or ``None`` when none did}.
 
     ``train_time`` excludes all time spent evaluating, so evaluating more often does not make a
     mode look slower.
     """
-    ordered = sorted(
-        (e for e in evals if e.get("test_acc") is not None), key=lambda e: float(e["train_time"])
-    )
+    ordered = sorted((e for e in evals if metric.of(e) is not None),
+                     key=lambda e: float(e["train_time"]))
     result: dict[str, float | None] = {}
     for a in targets:
-        hit = next((e for e in ordered if float(e["test_acc"]) >= a), None)
+        hit = next((e for e in ordered if metric.reached(metric.of(e), a)), None)
         result[target_key(a)] = float(hit["train_time"]) if hit else None
     return result
 
 
-def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
+def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[str, Any]:
     """The summary of one run (the content of ``summary.json``); see :func:`summarize`."""
     run, config = log.run, log.config
+    metric = metric_of(config.get("dataset"))
+    targets = metric.default_targets if targets is None else tuple(targets)
     wall = run_wall_time(run, log.workers, log.evals)
     # Evaluation pauses that stopped every worker (collective modes) are not training time.
     train_wall = wall - float(run.get("paused_s") or 0.0)
@@ -211,10 +212,13 @@ def summarize_log(log: RunLog, targets: Iterable[float] = DEFAULT_TARGETS) -> di
         "paused_s": wall - train_wall,
         **traffic(log.workers, log.ps, log.state_server, train_wall),
         "evaluations": len(evals),
-        "time_to_accuracy": time_to_accuracy(evals, targets),
+        "metric": metric.key,
+        "time_to_target": time_to_target(evals, targets, metric),
         "final_accuracy": float(evals[-1]["test_acc"]) if evals else None,
         "best_accuracy": max((float(e["test_acc"]) for e in evals), default=None),
         "final_loss": (float(evals[-1]["test_loss"]) if evals and evals[-1].get("test_loss") is not None else None),
+        "best_loss": min((float(e["test_loss"]) for e in evals if e.get("test_loss") is not None),
+                         default=None),
         "missing_workers": sorted(set(declared) - set(log.workers)),
         "synced_fraction": per_worker[0].get("synced_fraction") if per_worker else None,
         "speed_scale": float(config.get("speed_scale") or 1.0),
@@ -235,7 +239,7 @@ def emulation_warnings(per_worker: Sequence[Mapping[str, Any]]) -> list[str]:
             if w.get("speed_of_nominal") is not None and w["speed_of_nominal"] < HELD]
 
 
-def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -> dict[str, Any]:
+def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> dict[str, Any]:
     """Read ``run_dir`` and compute its figures (docs/design.md, "Definitions of the figures").
 
     Keys: ``run_name, mode, workers, slowdowns, lr, batch_size, network, collective`` (from
@@ -245,8 +249,10 @@ def summarize(run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS) -
     every worker stood still for an evaluation (collective modes; traffic uses the same
     denominator); ``throughput_limit`` = Σ workers' isolated throughput;
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
-    ``evaluations``; ``time_to_accuracy`` (:func:`time_to_accuracy`); ``final_accuracy`` and
-    ``final_loss`` (last evaluation), ``best_accuracy``; ``missing_workers`` (worker ranks in
+    ``evaluations``; ``metric``, the evaluation record's key the run is judged by (test
+    accuracy; validation loss for language modelling: :mod:`hetsync.telemetry.metric`) and
+    ``time_to_target`` (:func:`time_to_target`, at ``targets``, by default the metric's);
+    ``final_accuracy`` and ``final_loss`` (last evaluation), ``best_accuracy``, ``best_loss``; ``missing_workers`` (worker ranks in
     run.json, i.e. not ``role: parameter-server``, with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
     device, slowdown, nominal_speed`` (run.json's: samples per second of computing of its
     emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
@@ -264,11 +270,11 @@ def speedup(
     summaries: Mapping[str, Mapping[str, Any]], baseline: str = SPEEDUP_BASELINE,
     target: float = 0.8
 ) -> dict[str, float | None]:
-    """Speedup of each run over ``baseline`` at accuracy ``target``:
-    time-to-accuracy(baseline) ÷ time-to-accuracy(run).
+    """Speedup of each run over ``baseline`` at ``target`` of the runs' metric:
+    time-to-target(baseline) ÷ time-to-target(run).
 
     ``summaries`` maps a name to a :func:`summarize` result (which must hold ``target`` in its
-    ``time_to_accuracy``). A run that never reached the target gets ``None``; every run gets
+    ``time_to_target``). A run that never reached the target gets ``None``; every run gets
     ``None`` when the baseline never reached it. Raises ``ValueError`` when ``baseline`` is not
     one of the names or a summary was computed without ``target``.
     """
@@ -277,9 +283,9 @@ def speedup(
     key = target_key(target)
 
     def tta(name: str) -> float | None:
-        table = summaries[name].get("time_to_accuracy") or {}
+        table = summaries[name].get("time_to_target") or {}
         if key not in table:
-            raise ValueError(f"summary {name!r} has no time-to-accuracy for target {target} (has {sorted(table)})")
+            raise ValueError(f"summary {name!r} has no time-to-target for target {target} (has {sorted(table)})")
         return table[key]
 
     base = tta(baseline)
@@ -391,7 +397,7 @@ def _dump(path: Path, data: Any) -> None:
 
 
 def write_summary(
-    run_dir: str | Path, targets: Iterable[float] = DEFAULT_TARGETS, esync_json: bool = False
+    run_dir: str | Path, targets: Iterable[float] | None = None, esync_json: bool = False
 ) -> Path:
     """Write ``{run_dir}/summary.json`` (:func:`summarize`) and, with ``esync_json``, also
     ``{run_dir}/esync-summary.json`` (:func:`esync_summary`). Returns the summary.json path."""
