@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,10 @@ def _uneven(rank, world, mode, run_dir, collective="native"):
     opt.finish()
     opt.record_evaluation(test_acc=0.5, test_loss=_loss(model, x_all, y_all))  # rank 0's
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    with opt.global_model():  # what an evaluation after the stop sees: the model as left
+        evaluated = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"start": start, "end": _loss(model, x_all, y_all), "params": params,
+            "evaluated": evaluated,
             "last_step": last_step, "finished": time.time(), "lr": opt.param_groups[0]["lr"]}
 
 
@@ -88,6 +92,7 @@ def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode,
         # nobody left before the last worker's data ran out: they waited, taking part
         assert r["finished"] >= last
         torch.testing.assert_close(r["params"], results[0]["params"])
+        torch.testing.assert_close(r["evaluated"], r["params"])
         # each rank's scheduler stepped its own batches' worth
         assert r["lr"] == pytest.approx(0.5 * 0.7 ** (STEPS[rank] // 15))
     # the run directory is what `hetsync summarize` and `plot` read
@@ -99,6 +104,61 @@ def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode,
         assert w["compute_s"] > 0
     assert (run_dir / "eval.jsonl").read_text().count("test_acc") == 1
     assert plot_runs([run_dir], tmp_path / "figures")
+
+
+def _evaluated_then_finished(rank, world, mode):
+    torch.manual_seed(0)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode=mode,
+                       timeout=60)
+    x_all, y_all, loader = _task(rank, 12)  # even data: every worker evaluates at its end
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with opt.global_model():  # the documented evaluation, after the last epoch
+        evaluated = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    opt.finish()
+    return evaluated, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "selsync"])
+def test_finish_leaves_every_rank_with_the_model_its_last_evaluation_saw(mode):
+    # (SelSync used to end with the last worker's own model, not the average it evaluated.
+    # A local-step mode's last round is still being summed at that evaluation: finish()
+    # applies it, and the uneven test above checks what global_model() shows after it.)
+    results = run_ranks(_evaluated_then_finished, 3, mode, timeout=120)
+    for evaluated, final in results:
+        torch.testing.assert_close(final, results[0][1])
+        torch.testing.assert_close(final, evaluated)
+
+
+def _with_adamw(rank, world, mode):
+    torch.manual_seed(0)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.AdamW(model.parameters(), lr=0.01), model, mode=mode,
+                       timeout=60)
+    x_all, y_all, loader = _task(rank, 24)
+    start = _loss(model, x_all, y_all)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    steps = {int(v["step"]) for v in opt.state.values()}  # AdamW's own, across the rounds
+    opt.finish()
+    return start, _loss(model, x_all, y_all), steps, opt.round, torch.cat(
+        [p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync", "esync-outer", "diloco"])
+def test_a_local_step_mode_keeps_adamws_state_across_its_rounds(mode):
+    results = run_ranks(_with_adamw, 2, mode, timeout=120)
+    for start, end, steps, rounds, params in results:
+        assert end < 0.7 * start, (start, end)
+        assert steps == {24} and rounds > 1  # every step's moments, though the model was reset
+        torch.testing.assert_close(params, results[0][4])
 
 
 def _overflowing(rank, world):
@@ -156,6 +216,19 @@ def test_the_wrapper_is_an_optimizer_that_schedulers_and_state_dicts_accept():
     opt.finish()
     with pytest.raises(RuntimeError, match="step\\(\\) after finish\\(\\)"):
         opt.step()
+
+
+def test_a_script_run_without_torchrun_is_told_it_trains_alone(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model = _model()
+    with pytest.warns(UserWarning, match="no process group and no WORLD_SIZE: this process "
+                                         "trains alone"):
+        opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync")
+    opt.finish()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1: as asked, no word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync").finish()
 
 
 def test_a_parameter_server_mode_refuses_an_optimizer_it_would_not_apply():

@@ -43,6 +43,7 @@ import secrets
 import socket
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -524,6 +525,10 @@ def _workers_group(group, ps_rank: int | None):
             raise ValueError("this mode needs a parameter server, a process of its own: start "
                              "2 or more processes (torchrun --nproc-per-node N) and call "
                              "hetsync.serve_parameters on the last rank")
+        if "WORLD_SIZE" not in os.environ:  # plain `python script.py`: say so, once
+            warnings.warn("hetsync.wrap: no process group and no WORLD_SIZE: this process "
+                          "trains alone, one worker (start the script with torchrun for a "
+                          "cluster)", stacklevel=3)
         return None, 0, 1
     if ps_rank is not None:
         world = dist.get_world_size()
@@ -533,6 +538,9 @@ def _workers_group(group, ps_rank: int | None):
         if dist.get_rank() == ps_rank:
             raise ValueError(f"rank {ps_rank} is the parameter server: call "
                              f"hetsync.serve_parameters there, not hetsync.wrap")
+        if dist.get_rank() == 0:  # (a surprise under --nproc-per-node N: say it once)
+            warnings.warn(f"hetsync.wrap: rank {ps_rank} serves the parameters; "
+                          f"{world - 1} of the {world} processes train", stacklevel=3)
         if group is None:
             from hetsync.comm.channel import local_group
 

@@ -155,10 +155,10 @@ class SelSync(Mode):
             unflatten_into(local, parts)
 
     def finish(self) -> None:
-        """End with one model, the workers' average — unless they joined one after another
-        (hetsync.wrap's agreed stop): the early ones hold stale models, and the wrapper gives
-        every worker the last one's."""
-        if not self.joined:
+        """End with one model, the workers' average: what `global_model` shows, so the model a
+        user saves after `hetsync.wrap`'s `finish()` is the one evaluated (every worker is
+        here, after the agreed stop)."""
+        if self.comm.workers > 1:
             parts = self.parameters() + bn_statistics(self.model)
             unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
         super().finish()
