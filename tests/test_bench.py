@@ -279,7 +279,8 @@ def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
                                      "--seed", "3", "--name", "r", "-ld", str(tmp_path / "runs"),
                                      "--results-dir", str(results)])
     assert code == 0
-    (run,) = json.loads((results / "bench-r.json").read_text())["runs"]
+    first = json.loads((results / "bench-r.json").read_text())
+    (run,), run_command = first["runs"], first["command"]
     seeds = {r["seed"]: r for r in run["repeats"]}
     assert list(seeds) == [3, 4]
     for seed, r in seeds.items():
@@ -294,6 +295,20 @@ def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
         assert run["summary"][key] == pytest.approx(sum(each) / 2), key
     accs = [r["summary"]["final_accuracy"] for r in seeds.values()]
     assert f"{min(accs):.4f}–{max(accs):.4f}" in (results / "bench-r.md").read_text()
+    # the table again at other targets, from the same runs: nothing runs, the times are the
+    # runs' own at those targets
+    before = sorted(p.name for p in (tmp_path / "runs" / "bench-r").iterdir())
+    assert modes.main(["--report", "r", "--targets", "0.3,0.5", "--results-dir",
+                       str(results)]) == 0
+    again = json.loads((results / "bench-r.json").read_text())
+    (row,) = again["runs"]
+    assert again["targets"] == [0.3, 0.5] and again["command"] == run_command
+    for r in row["repeats"]:
+        assert r["summary"]["time_to_target"]["0.5"] == summarize(
+            Path(r["run_dir"]), (0.5,))["time_to_target"]["0.5"]
+    assert "tta 0.3 (s)" in (results / "bench-r.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "runs" / "bench-r").iterdir()) == before
+    assert modes.main(["--report", "nope", "--results-dir", str(results)]) == 2
 
 
 def test_a_failed_runs_note_ends_with_the_exception_its_log_ends_with():

@@ -51,6 +51,16 @@ def test_the_watcher_reads_only_whole_new_lines(tmp_path):
     assert first["evaluated"] == [(0.4, 0.54)] and len(first["loss"]) == 3
 
 
+def test_a_text_run_shows_its_validation_loss(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps(
+        {"run_name": "r", "mode": "esync-outer", "config": {"dataset": "shakespeare"}}))
+    _grow(tmp_path, 1, 4)
+    _append(tmp_path / "eval.jsonl", [{"train_time": 0.5, "test_acc": 0.3, "test_loss": 2.1}])
+    page = RunWatcher(tmp_path).snapshot()
+    assert page["evaluated"] == [(0.5, 2.1)]  # the loss; the record without one is skipped
+    assert page["label"].startswith("validation loss")
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

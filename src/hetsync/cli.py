@@ -8,8 +8,8 @@ import os
 import sys
 
 import hetsync
-from hetsync.config import (ArgumentParser, Config, ConfigError, add_config_arguments,
-                            check_host, config_from_args, parse_target,
+from hetsync.config import (TEXT_DATASETS, ArgumentParser, Config, ConfigError,
+                            add_config_arguments, check_host, config_from_args, parse_target,
                             parse_epsilon_fraction, parse_listen_port, parse_workers,
                             unwritable_dir)
 
@@ -74,9 +74,22 @@ def launch_config(args):
     if args.resume:
         _check_resumable(base, cfg, args.resume)
         return cfg, None
+    cfg = _text_defaults(cfg, given=vars(args))
     # the whole cluster is fitted, also when -m local then runs only its fastest device
     cfg, fitted = fit_config(cfg, given_scale="speed_scale" in vars(args))
     return _on_the_fastest_devices(cfg, given=vars(args)), fitted
+
+
+#: launch on a text data set, where these flags are not given: its model and optimizer
+TEXT_DEFAULTS = {"network": "gpt-char", "optimizer": "adamw", "lr": 0.003}
+
+
+def _text_defaults(cfg: Config, given: dict) -> Config:
+    """`--dataset shakespeare` alone trains the character transformer with AdamW (nanoGPT's
+    rate), not launch's LeNet and SGD."""
+    if cfg.dataset not in TEXT_DATASETS:
+        return cfg
+    return dataclasses.replace(cfg, **{k: v for k, v in TEXT_DEFAULTS.items() if k not in given})
 
 
 def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:

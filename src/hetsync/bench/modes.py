@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import json
 import math
 import os
 import shlex
@@ -240,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--results-dir", default="results",
       help="where the table, JSON and figures go (default: results)")
     a("--quiet", action="store_true", help="no progress lines")
+    a("--report", metavar="NAME", default=None,
+      help="run nothing: write the table, JSON and figures of the earlier bench NAME again "
+      "from its --results-dir JSON and run directories, at --targets/--speedup-at")
     add_option_arguments(p)
     return p
 
@@ -429,19 +433,10 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
 
 
 # ---------------------------------------------------------------------- the bench
-def bench(args, argv: list[str], stream=None) -> int:
-    """Run the bench that `args` describes (`argv`: the command line, for the record)."""
-    from hetsync.telemetry.plots import plot_runs
-    from hetsync.telemetry.summarize import summarize
-
-    stream = stream or sys.stdout
-    _check(args)
-    name = args.name or time.strftime("%Y%m%d-%H%M%S")
-    root = Path(args.log_dir) / f"bench-{name}"
-    if root.exists() and any(root.iterdir()):
-        raise ConfigError(f"--name {name}: {root} already exists and is not empty; "
-                          f"choose another name")
-    base = base_config(args, root)
+def _targets(args) -> tuple[list[float], float]:
+    """The bench's targets (the speed-up one among them), ordered from the first reached to
+    the last, and the speed-up's; ConfigError for a target the data set's figure cannot
+    have."""
     metric = metric_of(args.dataset)
     given = args.targets or (DEFAULT_TARGETS if metric.higher_is_better else DEFAULT_LOSS_TARGETS)
     speedup_at = args.speedup_at or given[-1]
@@ -451,6 +446,22 @@ def bench(args, argv: list[str], stream=None) -> int:
     except ValueError as err:
         raise ConfigError(f"--targets/--speedup-at: {err} ({args.dataset} is judged by its "
                           f"{metric.label})") from None
+    return targets, speedup_at
+
+
+def bench(args, argv: list[str], stream=None) -> int:
+    """Run the bench that `args` describes (`argv`: the command line, for the record)."""
+    stream = stream or sys.stdout
+    if args.report is not None:
+        return report_again(args, stream)
+    _check(args)
+    name = args.name or time.strftime("%Y%m%d-%H%M%S")
+    root = Path(args.log_dir) / f"bench-{name}"
+    if root.exists() and any(root.iterdir()):
+        raise ConfigError(f"--name {name}: {root} already exists and is not empty; "
+                          f"choose another name")
+    base = base_config(args, root)
+    _targets(args)  # (refused before anything runs)
     rows = entries(args)
     split = base.load_data()
     for e in rows:  # every config is valid and has a batch for every worker before
@@ -483,13 +494,64 @@ def bench(args, argv: list[str], stream=None) -> int:
                       stream=stream, label=run_name)
         out.seed = seed
         results.append(out)
-    load_after = os.getloadavg()
+    machine = {**res.machine_info(), "load average before": res.load_text(load_before),
+               "load average after": res.load_text(os.getloadavg())}
+    return report(args, name, command, [e.label for e in rows], results, _setup(args, base),
+                  machine, emulation, train_size, stream)
+
+
+def report_again(args, stream) -> int:
+    """`--report NAME`: the table, JSON and figures of the earlier bench NAME (its
+    `--results-dir` JSON and its run directories), at this command's `--targets` and
+    `--speedup-at` — targets chosen after seeing the curves, without running again."""
+    path = Path(args.results_dir) / f"bench-{args.report}.json"
+    try:
+        doc = json.loads(path.read_text())
+        old = build_parser().parse_args(shlex.split(doc["command"])[2:])
+        runs = doc["runs"]
+    except (OSError, ValueError, KeyError, SystemExit) as err:
+        raise ConfigError(f"--report {args.report}: {path} is not a bench's JSON ({err})") from None
+    old.targets, old.speedup_at = args.targets, args.speedup_at
+    results = []
+    for row in runs:
+        for x in row.get("repeats") or [row]:
+            run_dir = Path(x["run_dir"]) if x.get("run_dir") else None
+            if run_dir is not None and not (run_dir / "run.json").exists():
+                raise ConfigError(f"--report {args.report}: run directory {run_dir} is gone")
+            results.append(res.RunResult(row["label"], row["kind"], row["lr"], row["lr_how"],
+                                         run_dir=run_dir, error=x.get("error"),
+                                         seed=x.get("seed")))
+    done = next((r.run_dir for r in results if r.run_dir is not None), None)
+    train_size = (len(Config.load(done / "config.json").load_data().train)
+                  if done is not None else None)
+    again = f"hetsync bench --report {args.report}" + (
+        f" --targets {','.join(map(str, args.targets))}" if args.targets else "") + (
+        f" --speedup-at {args.speedup_at}" if args.speedup_at else "")
+    first = [n for n in doc.get("notes", [])
+             if n.startswith(("emulated devices", "reference step"))]
+    first.append(f"the table written again from the runs at other targets: `{again}`.")
+    return report(old, args.report, doc["command"], list(dict.fromkeys(r["label"] for r in runs)),
+                  results, doc["setup"], doc["machine"], first, train_size, stream,
+                  Path(args.results_dir))
+
+
+def report(args, name: str, command: str, labels: list[str], results: list[res.RunResult],
+           setup: dict, machine: dict, first_notes: list[str], train_size: int | None,
+           stream, results_dir: Path | None = None) -> int:
+    """The bench's table (printed and in Markdown), JSON and figures from its runs'
+    results (`args`: the bench's flags; its targets are read here); `first_notes` lead the
+    notes (the emulation's lines)."""
+    from hetsync.telemetry.plots import plot_runs
+    from hetsync.telemetry.summarize import summarize
+
+    metric = metric_of(args.dataset)
+    targets, speedup_at = _targets(args)
 
     def combined(targets):
         for r in results:  # again, with every target (and the speedup one)
             if r.run_dir is not None:
                 r.summary = summarize(r.run_dir, targets)
-        return [res.combine([r for r in results if r.label == e.label]) for e in rows]
+        return [res.combine([r for r in results if r.label == label]) for label in labels]
 
     table_rows = combined(targets)
     # the fastest device's best final figure is a target too: the speed-up "at the end"
@@ -499,10 +561,11 @@ def bench(args, argv: list[str], stream=None) -> int:
     fastest = res.compare_with_fastest(table_rows, targets, end)
     has_sync = res.compute_speedups(table_rows, targets)
 
-    results_dir = Path(args.results_dir)
+    results_dir = results_dir or Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
-    notes = emulation + _notes(args, table_rows, fastest, has_sync, speedup_at, load_before,
-                               load_after, metric)
+    notes = first_notes + _notes(args, table_rows, fastest, has_sync, speedup_at,
+                               machine["load average before"], machine["load average after"],
+                               metric)
     figures = []
     done = [r for r in table_rows if r.summary is not None]
     reference = next((r for r in done if fastest and r.label == fastest.end_label), None)
@@ -522,9 +585,6 @@ def bench(args, argv: list[str], stream=None) -> int:
                   if "skip" in str(w.message).lower()]
 
     headers, cells = res.rows(table_rows, targets, speedup_at, train_size, has_sync, metric)
-    machine = {**res.machine_info(), "load average before": res.load_text(load_before),
-               "load average after": res.load_text(load_after)}
-    setup = _setup(args, base)
     md = res.write_markdown(results_dir / f"bench-{name}.md", name=name, command=command,
                             machine=machine, setup=setup, headers=headers, cells=cells,
                             notes=notes, figures=figures)
@@ -569,7 +629,7 @@ def _setup(args, base: Config) -> dict:
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}
 
 
-def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after,
+def _notes(args, results, fastest, has_sync, speedup_at, load_before: str, load_after: str,
            metric) -> list[str]:
     notes = [f"tta = training time until the first evaluation with {metric.label} "
              f"{'>=' if metric.higher_is_better else '<='} target (evaluation time excluded); "
@@ -600,8 +660,8 @@ def _notes(args, results, fastest, has_sync, speedup_at, load_before, load_after
                if args.lr_sweep else
                f"lr: linear scaling of base {args.lr:g}: " + "; ".join(
                    f"{r.label} {r.lr_how}" for r in results) + "."),
-              f"load average (1/5/15 min) {res.load_text(load_before)} before, "
-              f"{res.load_text(load_after)} after, on {os.cpu_count()} CPUs."]
+              f"load average (1/5/15 min) {load_before} before, {load_after} after, on "
+              f"{os.cpu_count()} CPUs."]
     for r in results:
         if r.kind == "baseline":
             notes.append(f"{r.label} = {registry.get(r.label).summary}, run by hetsync's "

@@ -64,8 +64,8 @@ def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The median over several seeds' runs of each figure of the table."""
     out: dict[str, Any] = {"mode": summaries[0]["mode"], "runs": len(summaries),
                            "metric": summaries[0].get("metric")}
-    for key in ("final_accuracy", "final_loss", "samples", "throughput", "throughput_limit", "utilisation",
-                "traffic_Bps", "synced_fraction"):
+    for key in ("final_accuracy", "final_loss", "samples", "throughput", "throughput_limit",
+                "utilisation", "traffic_Bps", "synced_fraction"):
         out[key] = _median([s.get(key) for s in summaries])
     out["time_to_target"] = {t: _median([s["time_to_target"].get(t) for s in summaries])
                              for t in summaries[0]["time_to_target"]}
@@ -128,7 +128,8 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
     2. each run's capacity ratio: Σ its devices' measured speeds ÷ that speed;
     3. the best recipe at each target: the one with the shortest time to target;
     4. each run's speed-up at each target: that recipe's time ÷ the run's; "end": at the best
-       recipe's final accuracy or loss (`end`), so a speed-up there means the run got as far sooner;
+       recipe's final accuracy or loss (`end`), so a speed-up there means the run got as far
+       sooner;
     5. its efficiency: speed-up ÷ capacity ratio (1: every sample worth one of the device's).
     """
     refs = [r for r in results if r.kind == "reference" and r.summary is not None]

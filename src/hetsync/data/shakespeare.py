@@ -75,13 +75,12 @@ def read_works(folder: str) -> dict[str, str]:
     return works
 
 
-def _dataset(works: dict[str, str], vocab: Vocabulary, context: int) -> tuple[TextDataset, int]:
+def _dataset(works: dict[str, str], vocab: Vocabulary, context: int) -> TextDataset:
     names = tuple(works)
-    encoded = [vocab.encode(works[n]) for n in names]
-    starts, work = windows([len(ids) for ids, _ in encoded], context)
-    tokens = torch.from_numpy(np.concatenate([ids for ids, _ in encoded]))
-    return (TextDataset(tokens, torch.from_numpy(starts), torch.from_numpy(work), context, names),
-            sum(unknown for _, unknown in encoded))
+    encoded = [vocab.encode(works[n])[0] for n in names]
+    starts, work = windows([len(ids) for ids in encoded], context)
+    return TextDataset(torch.from_numpy(np.concatenate(encoded)), torch.from_numpy(starts),
+                       torch.from_numpy(work), context, names)
 
 
 def load_shakespeare(data_dir: Optional[str] = None, context: int = CONTEXT,
@@ -100,8 +99,8 @@ def load_shakespeare(data_dir: Optional[str] = None, context: int = CONTEXT,
     if not train:
         raise DataFormatError(f"{folder}: holds only the held-out plays; expected others to train on")
     vocab = Vocabulary.of(list(train.values()))
-    train_set, _ = _dataset(train, vocab, context)
-    test_set, _ = _dataset({v: works[v] for v in validation}, vocab, context)
+    train_set = _dataset(train, vocab, context)
+    test_set = _dataset({v: works[v] for v in validation}, vocab, context)
     for part, name in ((train_set, "training"), (test_set, "held-out")):
         if not len(part):
             raise DataFormatError(f"{folder}: the {name} text is shorter than one window of "

@@ -10,8 +10,9 @@ records) to the state server, which serves the same page at `/live/` (`LiveBoard
   round, step time (compute ÷ local steps of its last round), computing time ratio and wait so
   far, samples, its measured speed over its last `RECENT` rounds (samples per second of
   computing) beside its emulated device's nominal speed (`run.json`); rank 0's training loss
-  per round; the curve of the evaluations' accuracy (or loss) so far, in training-time order (deferred evaluation: as the
-  evaluator process evaluates the snapshots, or at the end without one).
+  per round; the evaluations' accuracy (validation loss for text) so far, in training-time
+  order (deferred evaluation: as the evaluator process evaluates the snapshots, or at the end
+  without one).
 - `GET /` → one HTML page whose script fetches `/data` every second and redraws its table,
   a line for each device running below `HELD` of its nominal speed, and the curves in place
   (canvases with labelled, ticked axes; no front-end framework, no reload).
