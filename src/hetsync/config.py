@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetsync.data.datasets import DATASETS
+from hetsync.data.datasets import DATASETS, TEXT_DATASETS
 from hetsync.data.partition import PARTITIONS
 
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
 OPTIMIZERS = ("sgd", "adamw")
-#: data sets of text (samples of characters, for a token model such as gpt-char)
-TEXT_DATASETS = ("shakespeare",)
 #: the token models' size flags: field -> default (nanoGPT's CPU setting)
 MODEL_SIZE = {"context": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few

@@ -15,6 +15,8 @@ __all__ = ["DATASETS", "load_dataset"]
 
 #: Names :func:`load_dataset` accepts.
 DATASETS = ("fashion-mnist", "cifar10", "shakespeare", "synthetic")
+#: the data sets of text: samples of characters for a token model (gpt-char), judged by loss
+TEXT_DATASETS = ("shakespeare",)
 
 
 def load_dataset(

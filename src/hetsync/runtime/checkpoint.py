@@ -48,7 +48,9 @@ from typing import Any
 
 import torch
 
-VERSION = 3  # 3: the loop keeps its last loss (--target-loss); 2: a local-step mode's outer optimizer is a torch.optim.SGD, its round length apart
+# 3: the loop keeps its last loss (--target-loss); 2: a local-step mode's outer optimizer is
+# a torch.optim.SGD, its round length apart
+VERSION = 3
 KEEP = 2
 DIR = "checkpoints"
 

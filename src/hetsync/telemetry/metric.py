@@ -8,7 +8,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-__all__ = ["Metric", "ACCURACY", "LOSS", "BY_LOSS", "metric_of", "metric_of_summary", "bits"]
+from hetsync.data.datasets import TEXT_DATASETS
+
+__all__ = ["Metric", "ACCURACY", "LOSS", "metric_of", "metric_of_summary", "bits"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +52,11 @@ class Metric:
 ACCURACY = Metric("test_acc", "test accuracy", "accuracy", True, (0.7, 0.8, 0.85, 0.9))
 LOSS = Metric("test_loss", "validation loss (nats per character)", "loss", False,
               (2.2, 2.0, 1.9, 1.8))
-#: the data sets judged by loss: language modelling
-BY_LOSS = ("shakespeare",)
 
 
 def metric_of(dataset: str | None) -> Metric:
     """The figure of merit of a run on `dataset`."""
-    return LOSS if dataset in BY_LOSS else ACCURACY
+    return LOSS if dataset in TEXT_DATASETS else ACCURACY
 
 
 def metric_of_summary(summary: Mapping[str, Any]) -> Metric:
