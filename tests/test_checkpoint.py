@@ -75,6 +75,36 @@ def test_collective_modes_resume_where_every_worker_can():
     assert checkpoint.choose([[5], [4]], 1, collective=True) is None
 
 
+def test_checkpoints_written_after_a_loss_are_complete_without_the_lost_rank():
+    # rank 1 was lost after checkpoint 2; 5 and 6 were written by ranks 0 and 2 without it
+    per_rank, lost = [[6, 5], [2, 1], [6, 5]], {6: {1}, 5: {1}}
+    assert all(checkpoint.choose(per_rank, r, True, lost) == 6 for r in range(3))
+    assert checkpoint.choose(per_rank, 1, True) is None  # (not knowing it was lost)
+    # rank 2 has no 6 and was not lost: the newest complete one is 5; rank 0 is never excused
+    assert checkpoint.choose([[6, 5], [2, 1], [5]], 2, True, lost) == 5
+    assert checkpoint.choose([[], [2], [6]], 2, True, {6: {0, 1}}) is None
+
+
+def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(tmp_path):
+    def write(rank, index, **extra):
+        checkpoint.Checkpointer(tmp_path, rank, start=index - 1).write(
+            {"round": 10 * index, "recorded_round": 10 * index, "optimizer": {"state": {}},
+             "mode": {"round": 10 * index}, "data": {"epoch": index, "batch": rank},
+             "loop": {"t": float(index)}, **extra})
+
+    write(1, 1)
+    write(0, 3, lost=[1], **{"global": {"w": torch.ones(2)}})
+    write(2, 3, lost=[1])
+    assert checkpoint.survey(tmp_path, 0) == {3: [1]}
+    assert checkpoint.resumable(tmp_path, 3, collective=True)
+    state = checkpoint.for_restarted_rank(tmp_path, 3, 1, own_newest=1)
+    assert (state["round"], state["mode"], state["loop"]) == (30, {"round": 30}, {"t": 3.0})
+    assert state["data"] == {"epoch": 1, "batch": 1}  # its own shard's position
+    assert state["optimizer"] is None and "global" not in state and state["rank"] == 1
+    fresh = checkpoint.for_restarted_rank(tmp_path, 3, 1, own_newest=None)
+    assert fresh["data"] == {"epoch": 0, "batch": 0}
+
+
 def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
     for rank in (0, 1):
         checkpoint.Checkpointer(tmp_path, rank).write({"x": torch.ones(1)})
@@ -139,6 +169,9 @@ STOPS = ("sync", "plugin")
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path, family):
+    """kill -9 of rank 1: a mode that goes on without it does, and the run is then resumed
+    with rank 1 (restarted from checkpoints written without it, issue 31); one that cannot
+    stops, suggests --resume, and resumes."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "hetsync", "launch", "--timeout", "30", *FAMILIES[family],
            "--time-budget", "8", "--eval-interval", "0.5", "--checkpoint-every", "2",
@@ -183,12 +216,15 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
             assert min(ends) > lost_at + 2, (ends, lost_at, out)
         evals = _evals(run)
         assert evals[-1]["train_time"] >= 8.0 and evals[-1]["test_acc"] >= 0.70, (evals, out)
-        return
-    out, _ = proc.communicate(timeout=60)
-    stopped_in = time.monotonic() - killed
-    assert proc.returncode != 0 and "rank-1 exited with code -9" in out
-    assert f"hetsync launch --resume {run}" in out
-    assert stopped_in < 30  # nobody waits for the dead peer past the timeout
+        lost_at = max(_rounds(run, 1), default=0)
+        budget = ["--time-budget", "12"]  # then it is resumed, with rank 1, 4 s further
+    else:
+        out, _ = proc.communicate(timeout=60)
+        stopped_in = time.monotonic() - killed
+        assert proc.returncode != 0 and "rank-1 exited with code -9" in out
+        assert f"hetsync launch --resume {run}" in out
+        assert stopped_in < 30  # nobody waits for the dead peer past the timeout
+        budget = []
     # the run directory is intact: every record line parses, the checkpoints load
     for path in run.glob("*.jsonl"):
         for line in path.read_text().splitlines():
@@ -199,19 +235,25 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     at_checkpoint = checkpoint.load(checkpoint.file_of(run, newest, 0))["loop"]["train_time"]
 
     resumed = subprocess.run([sys.executable, "-m", "hetsync", "launch", "--resume", str(run),
-                              "--quiet", "--no-figures"], capture_output=True, text=True,
-                             timeout=180, env=env)
+                              *budget, "--quiet", "--no-figures"], capture_output=True,
+                             text=True, timeout=180, env=env)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     evals = _evals(run)
     times = [e["train_time"] for e in evals]
-    assert len(set(times)) == len(times) and times[-1] >= 8.0  # one curve, to the budget
+    end = 12.0 if budget else 8.0
+    assert len(set(times)) == len(times) and times[-1] >= end  # one curve, to the budget
     assert any(abs(t - at_checkpoint) < 1.0 for t in times)  # it went on from the checkpoint
-    rounds = [json.loads(line)["round"] for line in (run / "worker-0.jsonl").read_text().splitlines()]
-    assert rounds == sorted(set(rounds))  # no round recorded twice
+    for rank in (0, 1):  # no round recorded twice
+        assert _rounds(run, rank) == sorted(set(_rounds(run, rank))), rank
     assert evals[-1]["test_acc"] >= 0.70  # an uninterrupted 8 s run of this size: 0.78-0.82
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"])
     assert summary["complete"]
+    if budget:  # the lost rank 1 trained again in the resumed run
+        assert _rounds(run, 1)[-1] > lost_at + 2, (_rounds(run, 1), lost_at)
+        if family != "async":  # restarted in rank 0's checkpoint, written without it
+            restarted = json.loads((run / "run.json").read_text())["resumed_from"]["restarted"]
+            assert restarted == [1], resumed.stderr
 
 
 @pytest.mark.slow

@@ -328,6 +328,12 @@ class Mode:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
 
+    def restart_state(self, peer: dict[str, Any]) -> dict[str, Any]:
+        """What a worker restarted in place of a lost one loads of a peer's `state_dict`
+        (`runtime/checkpoint.py`, resuming after a loss): what every worker holds alike —
+        here the round; a mode keeps its own where the peer's would be another worker's."""
+        return peer
+
     # ----------------------------------------------------------------- helpers
     def parameters(self) -> list[torch.Tensor]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -189,7 +189,9 @@ class EagerSGD(Mode):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.applied = int(state["rounds_applied"])
+        # the engine (started in setup) has run no round yet: versions count from here (a
+        # resumed run's staleness came out as minus the rounds before the checkpoint)
+        self.applied = self._first = int(state["rounds_applied"])
 
 
 class EagerSolo(EagerSGD):

@@ -222,6 +222,11 @@ class LocalRounds(Mode):
                 "outer": self.outer.state_dict(), "length": self.length.state_dict(),
                 "variates": None if self.variates is None else self.variates.state_dict()}
 
+    def restart_state(self, peer: dict[str, Any]) -> dict[str, Any]:
+        """The peer's round, global weights and outer optimizer (the same on every worker);
+        this worker's own round-length state (its step times) and control variates, fresh."""
+        return {**peer, "length": self.length.state_dict(), "variates": None}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
         self._hold(state["global_weights"])

@@ -26,6 +26,16 @@ takes rank 0's clock, and the count of samples goes on from rank 0's.
 The run's logs are cut back to the checkpoint (records after it are dropped) and appended to,
 so the curves continue.
 
+Resuming after a loss: a run that went on without a worker (`runtime/membership.py`) writes the
+ranks it lost into every worker's file (`lost`), so its later checkpoints are complete without
+theirs. A collective mode resumes from the newest checkpoint that every worker it had not lost
+by then can load; a rank lost before rank 0's checkpoint (eager-SGD's too) is restarted in it (`for_restarted_rank`): rank 0's round, loop
+counters and what the mode's workers hold in common (`Mode.restart_state`: the global weights
+and the outer optimizer, not the peer's own step times or control variates), a fresh local
+optimizer, and the data position of its own newest checkpoint (its shard's samples since then
+are drawn again). The restarted rank reads rank 0's file, so the run directory must be one
+that every worker sees (as under `launch`).
+
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
 it is in the checkpoint. The snapshots of the global model that deferred evaluation takes
 before a checkpoint are on disk before it (`runtime/evaluation.py`), so a crash loses none;
@@ -109,38 +119,69 @@ def indices(run_dir: Path) -> list[int]:
                   reverse=True)
 
 
-def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
-    """The indices whose file of `rank` loads, newest first; each that does not is reported."""
-    ok = []
+def survey(run_dir: Path, rank: int, stream=None) -> dict[int, list[int]]:
+    """The checkpoints whose file of `rank` loads, newest first, each with the ranks the run
+    had lost when it was written; each file that does not load is reported."""
+    ok = {}
     for index in indices(run_dir):
         path = file_of(run_dir, index, rank)
         if not path.exists():
             continue
         try:
-            load(path)
+            ok[index] = [int(r) for r in load(path).get("lost", [])]
         except CheckpointError as err:
             print(f"rank {rank}: skipping checkpoint {index}: {err}",
                   file=stream or sys.stderr, flush=True)
-            continue
-        ok.append(index)
     return ok
 
 
-def choose(per_rank: list[list[int]], rank: int, collective: bool) -> int | None:
-    """The checkpoint `rank` resumes from: in a collective mode the newest every worker can
-    load (they must agree on the round), else its own newest. None: there is none."""
+def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
+    """The indices whose file of `rank` loads, newest first; each that does not is reported."""
+    return list(survey(run_dir, rank, stream))
+
+
+def choose(per_rank: list[list[int]], rank: int, collective: bool,
+           lost: dict[int, set[int]] | None = None) -> int | None:
+    """The checkpoint `rank` resumes from: in a collective mode the newest that rank 0 and
+    every worker not yet lost when it was written (`lost`: index -> ranks) can load — they
+    must agree on the round —, else its own newest. None: there is none."""
+    lost = lost or {}
     if collective:
-        common = set(per_rank[0]).intersection(*map(set, per_rank[1:]))
-        return max(common) if common else None
+        complete = [i for i in per_rank[0]
+                    if all(i in mine or r in lost.get(i, ()) for r, mine in enumerate(per_rank))]
+        return max(complete) if complete else None
     return per_rank[rank][0] if per_rank[rank] else None
+
+
+def lost_at(surveys: list[dict[int, list[int]]]) -> dict[int, set[int]]:
+    """Index -> the ranks lost when it was written, from every worker's `survey`."""
+    lost: dict[int, set[int]] = {}
+    for mine in surveys:
+        for index, ranks in mine.items():
+            lost.setdefault(int(index), set()).update(ranks)
+    return lost
 
 
 def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
     """Whether `--resume run_dir` finds a checkpoint for every one of `workers` (as `choose`
     would pick them), so that suggesting it is not suggesting what would fail."""
     quiet = io.StringIO()  # (the resume itself reports what it skips)
-    per_rank = [loadable(run_dir, r, stream=quiet) for r in range(workers)]
-    return all(choose(per_rank, r, collective) is not None for r in range(workers))
+    surveys = [survey(run_dir, r, stream=quiet) for r in range(workers)]
+    per_rank, lost = [list(s) for s in surveys], lost_at(surveys)
+    return all(choose(per_rank, r, collective, lost) is not None for r in range(workers))
+
+
+def for_restarted_rank(run_dir: Path, index: int, rank: int,
+                       own_newest: int | None) -> dict:
+    """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
+    rank 0's file of `index` (round, loop counters, mode state) with no optimizer state and
+    the data position of the rank's own newest checkpoint `own_newest` (None: its start).
+    The mode's `restart_state` keeps of rank 0's state only what the workers share."""
+    peer = load(file_of(run_dir, index, 0))
+    data = (load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
+            else {"epoch": 0, "batch": 0})
+    peer.pop("global", None)
+    return {**peer, "rank": rank, "optimizer": None, "data": data, "restarted": True}
 
 
 class Checkpointer:

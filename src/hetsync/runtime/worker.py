@@ -150,8 +150,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                         step_work=cfg.step_work)
     mode = assembly.mode
     if own is not None:
-        optimizer.load_state_dict(own["optimizer"])
-        mode.load_state_dict(own["mode"])
+        if own["optimizer"] is not None:  # (None: restarted in place of a lost rank)
+            optimizer.load_state_dict(own["optimizer"])
+        mode.load_state_dict(mode.restart_state(own["mode"]) if own.get("restarted")
+                             else own["mode"])
         _cut_logs(run_dir, rank, own)
     store = dist.distributed_c10d._get_default_store() if world > 1 else None
     membership = None
@@ -188,7 +190,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                         mode_info=mode.describe())
             if own is not None:
                 info["resumed_from"] = {"checkpoint": index, "round": own["round"],
-                                        "train_time": own["loop"]["train_time"]}
+                                        "train_time": own["loop"]["train_time"],
+                                        "restarted": own.get("lost", [])}
             if rank == 0:
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
             poster = _live_poster(cfg, run_dir, rank, name)
@@ -251,20 +254,35 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     """(this worker's checkpoint, the index whose rank-0 global model every process starts
     from); the choice is agreed through one all-gather of what each worker can load, and every
     rank takes rank 0's clock (the records' common time origin)."""
-    mine = [] if is_server else checkpoint.loadable(run_dir, rank)
-    lists = [json.loads(t) for t in gather_texts(json.dumps(mine))][:cfg.workers]
+    mine = {} if is_server else checkpoint.survey(run_dir, rank)
+    surveys = [{int(i): lost for i, lost in json.loads(t).items()}
+               for t in gather_texts(json.dumps(mine))][:cfg.workers]
+    lists, lost = [list(s) for s in surveys], checkpoint.lost_at(surveys)
     if resume == IF_ANY and not any(lists):
         if not is_server:
             _cut_logs(run_dir, rank, None)
         return None, None
     collective = not cfg.spec.asynchronous
-    chosen = [checkpoint.choose(lists, r, collective) for r in range(cfg.workers)]
+    chosen = [checkpoint.choose(lists, r, collective, lost) for r in range(cfg.workers)]
     if any(c is None for c in chosen):
-        who = ("that every worker can load" if collective else
+        who = ("that rank 0 and every worker not lost by then can load" if collective else
                f"of rank {chosen.index(None)} that loads")
         raise checkpoint.CheckpointError(
             f"--resume {run_dir}: no checkpoint {who} in {Path(run_dir) / checkpoint.DIR}")
-    own = None if is_server else checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
+    # rank 0's checkpoint was written without these (eager-SGD's too, which has no common
+    # checkpoint but a common round): they restart from it
+    restarted = sorted(lost.get(chosen[0], ()))
+    if rank == 0 and restarted:
+        print(f"checkpoint {chosen[0]} was written without rank(s) "
+              f"{', '.join(map(str, restarted))}, lost before it: they restart from rank 0's "
+              f"round and global state", file=sys.stderr, flush=True)
+    if is_server:
+        own = None
+    elif rank in restarted:
+        own = checkpoint.for_restarted_rank(run_dir, chosen[0], rank,
+                                            lists[rank][0] if lists[rank] else None)
+    else:
+        own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
     if own is not None:
         own["loop"]["t"] = clock
