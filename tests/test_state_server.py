@@ -244,6 +244,21 @@ def test_garbage_on_the_wire_is_answered_or_closed_not_held(server, payload):
     assert status == 200
 
 
+@pytest.mark.parametrize("head, served", [
+    (b"X: " + b"a" * 100_000 + b"\r\n", False),  # one 100 KB header line
+    (b"".join(b"X%d: %s\r\n" % (i, b"b" * 50) for i in range(300)), False),  # 17.5 KB
+    (b"".join(b"X%d: %s\r\n" % (i, b"b" * 10) for i in range(300)), True),  # 6.4 KB: fine
+])
+def test_request_heads_are_bounded_as_the_readme_says(server, head, served):
+    out = _raw_socket(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + head +
+                      b"Connection: close\r\n\r\n")
+    if served:
+        assert out.startswith(b"HTTP/1.1 200 "), out[:200]
+    else:
+        assert out.startswith(b"HTTP/1.1 400 ") and out.endswith(b"request head over 16384 "
+                                                                   b"bytes"), out[-200:]
+
+
 def test_a_half_sent_request_is_closed_after_the_request_timeout(server, monkeypatch):
     import hetsync.serving as module
 

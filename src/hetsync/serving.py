@@ -44,6 +44,7 @@ class _TimedProtocol(HttpToolsProtocol):
 
     _deadline: asyncio.TimerHandle | None = None
     _head = -1  # bytes received while a request's head is incomplete (-1: not in a head)
+    _parsed = 0  # bytes of the head the parser has handed over so far
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -59,11 +60,32 @@ class _TimedProtocol(HttpToolsProtocol):
                 self.send_400_response(f"request head over {MAX_HEAD} bytes")
 
     def on_message_begin(self) -> None:
-        self._head = 0
+        self._head = self._parsed = 0
         super().on_message_begin()
+
+    # A head that arrives in one read is parsed whole before `data_received` can count it:
+    # the parser's callbacks count it too, and one over the bound fails the parse (a 400).
+    def on_url(self, url: bytes) -> None:
+        self._grow(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow(len(name) + len(value) + 4)  # (": " and CRLF)
+        super().on_header(name, value)
+
+    def _grow(self, n: int) -> None:
+        self._parsed += n
+        if self._parsed > MAX_HEAD:
+            raise ValueError(f"request head over {MAX_HEAD} bytes")
+
+    def send_400_response(self, msg: str) -> None:
+        if self._parsed > MAX_HEAD:
+            msg = f"request head over {MAX_HEAD} bytes"
+        super().send_400_response(msg)
 
     def on_headers_complete(self) -> None:
         self._head = -1
+        self._parsed = 0
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
