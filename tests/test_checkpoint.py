@@ -80,9 +80,15 @@ def test_checkpoints_written_after_a_loss_are_complete_without_the_lost_rank():
     per_rank, lost = [[6, 5], [2, 1], [6, 5]], {6: {1}, 5: {1}}
     assert all(checkpoint.choose(per_rank, r, True, lost) == 6 for r in range(3))
     assert checkpoint.choose(per_rank, 1, True) is None  # (not knowing it was lost)
-    # rank 2 has no 6 and was not lost: the newest complete one is 5; rank 0 is never excused
+    # rank 2 has no 6 and was not lost: the newest complete one is 5
     assert checkpoint.choose([[6, 5], [2, 1], [5]], 2, True, lost) == 5
-    assert checkpoint.choose([[], [2], [6]], 2, True, {6: {0, 1}}) is None
+    # rank 0 was lost too: 6 is rank 2's, the lowest left, which holds its global model
+    assert checkpoint.reference([[], [2], [6]], True, {6: {0, 1}}) == 6
+    assert checkpoint.leader({0, 1}, 3) == 2
+    assert checkpoint.choose([[], [2], [6]], 0, True, {6: {0, 1}}) == 6
+    # eager-SGD (no common checkpoint): each its own newest, a lost rank the leader's
+    assert checkpoint.choose([[7], [3], [8]], 2, False, {7: {1}}) == 8
+    assert checkpoint.choose([[7], [3], [8]], 1, False, {7: {1}}) == 7
 
 
 def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(tmp_path):
@@ -97,11 +103,11 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
     write(2, 3, lost=[1])
     assert checkpoint.survey(tmp_path, 0) == {3: [1]}
     assert checkpoint.resumable(tmp_path, 3, collective=True)
-    state = checkpoint.for_restarted_rank(tmp_path, 3, 1, own_newest=1)
+    state = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1)
     assert (state["round"], state["mode"], state["loop"]) == (30, {"round": 30}, {"t": 3.0})
     assert state["data"] == {"epoch": 1, "batch": 1}  # its own shard's position
     assert state["optimizer"] is None and "global" not in state and state["rank"] == 1
-    fresh = checkpoint.for_restarted_rank(tmp_path, 3, 1, own_newest=None)
+    fresh = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=None)
     assert fresh["data"] == {"epoch": 0, "batch": 0}
 
 
@@ -155,6 +161,8 @@ FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SG
     "sync": ["-m", "sync", "--workers", "2", "--slowdowns", "1,2"],
     "esync": ["-m", "esync", "--workers", "3", "--slowdowns", "1,2,2"],
     "eager-solo": ["-m", "eager-solo", "--workers", "3", "--slowdowns", "1,2,2"],
+    # rank 0 — the leader, which evaluates and decides when to stop — killed (issue 31)
+    "esync-outer-rank-0": ["-m", "esync-outer", "--workers", "3", "--slowdowns", "1,2,2"],
     # (its parameter server gives the silent worker up after min(--timeout, 30) s, and the
     # run ends only then: 15, not 30)
     "async": ["-m", "async", "--workers", "2", "--slowdowns", "1,2", "--timeout", "15"],
@@ -162,62 +170,89 @@ FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SG
     "plugin": ["--plugin", "test_mode_registry", "-m", "toy-every-k", "--toy-period", "3",
                "--workers", "2", "--slowdowns", "1,2"],
 }
-#: the families whose workers cannot go on without one: the run stops and is resumed
+#: the families whose workers cannot go on without one: `launch` resumes the run from its
+#: last checkpoint by itself (sync), or, with --max-restarts 0, stops and is resumed (plugin)
 STOPS = ("sync", "plugin")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path, family):
-    """kill -9 of rank 1: a mode that goes on without it does, and the run is then resumed
-    with rank 1 (restarted from checkpoints written without it, issue 31); one that cannot
-    stops, suggests --resume, and resumes."""
+    """kill -9 of rank 1 (or rank 0): a mode that goes on without it does, to its budget, on
+    one accuracy curve, and the run is then resumed with it (restarted from checkpoints
+    written without it, issue 31); one that cannot is resumed by launch from its last
+    checkpoint, or, with --max-restarts 0, stops, suggests --resume, and resumes."""
     run = tmp_path / "run"
+    mode = FAMILIES[family][1]
+    victim = 0 if family.endswith("rank-0") else 1
     cmd = [sys.executable, "-m", "hetsync", "launch", "--timeout", "30", *FAMILIES[family],
            "--time-budget", "8", "--eval-interval", "0.5", "--checkpoint-every", "2",
            "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
-           # rank 0 waits the whole grace for the dead rank: 2 s of the 8 s, not 5
-           "--regroup-grace", "2"]
+           # the first survivor waits the whole grace for the dead rank: 2 s of the 8 s, not 5
+           "--regroup-grace", "2", "--max-restarts", "0" if family == "plugin" else "1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
             os.pathsep) if p])}  # the plugin's module
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
-    # kill rank 1 at a random moment once both workers wrote a checkpoint
+    # kill the victim at a random moment once both ranks 0 and 1 wrote a checkpoint
     deadline = time.monotonic() + 120
     while (not all(any(run.glob(f"checkpoints/*/rank-{r}.pt")) for r in (0, 1))
            and proc.poll() is None and time.monotonic() < deadline):
         time.sleep(0.1)
     time.sleep(float(torch.rand(()) * 1.5))
-    pid = pid_of_rank(run, 1)
-    assert pid is not None, "rank 1 is not running"
+    pid = pid_of_rank(run, victim)
+    assert pid is not None, f"rank {victim} is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     if family not in STOPS:  # async: each worker talks only to the parameter server; esync,
         # eager-solo: the others regroup without it (runtime/membership.py): all go on
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
-        assert f"rank-1 exited with code -9; {family} goes on without it" in out
+        assert f"rank-{victim} exited with code -9; {mode} goes on without it" in out
+        assert "exited with code -6" not in out, out  # no survivor aborts at its exit
         if family == "async":
             ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
             assert ps[-1]["lost"] == [1], (ps, out)
         else:
-            assert json.loads((run / "run.json").read_text())["lost_workers"] == [1], out
-            assert json.loads((run / "summary.json").read_text())["lost_workers"] == [1]
-        if family == "esync":
-            # the survivors, ranks 0 and 2, went on together after rank 1 was lost: they
-            # recorded the same rounds to the end, well past its last one
-            lost_at = max(_rounds(run, 1), default=0)
-            ends = [_rounds(run, rank)[-5:] for rank in (0, 2)]
+            assert json.loads((run / "run.json").read_text())["lost_workers"] == [victim], out
+            assert json.loads((run / "summary.json").read_text())["lost_workers"] == [victim]
+        survivors = [r for r in range(3) if r != victim]
+        if mode.startswith("esync"):
+            # the survivors went on together after the victim was lost: they recorded the
+            # same rounds to the end, well past its last one
+            lost_at = max(_rounds(run, victim), default=0)
+            ends = [_rounds(run, rank)[-5:] for rank in survivors]
             assert ends[0] == ends[1] and ends[0][0] > lost_at + 2, (ends, lost_at, out)
         elif family == "eager-solo":  # no common round: both stepped on, long after it died
             lost_at = max(_records(run, 1, "t_end"), default=0.0)
-            ends = [max(_records(run, rank, "t_end")) for rank in (0, 2)]
+            ends = [max(_records(run, rank, "t_end")) for rank in survivors]
             assert min(ends) > lost_at + 2, (ends, lost_at, out)
         evals = _evals(run)
-        assert evals[-1]["train_time"] >= 8.0 and evals[-1]["test_acc"] >= 0.70, (evals, out)
-        lost_at = max(_rounds(run, 1), default=0)
-        budget = ["--time-budget", "12"]  # then it is resumed, with rank 1, 4 s further
+        times = [e["train_time"] for e in evals]
+        # one curve to the budget: the leader's, then its successor's (rank 0 killed)
+        assert len(set(times)) == len(times) and times[-1] >= 8.0, (times, out)
+        assert evals[-1]["test_acc"] >= 0.70, (evals, out)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["complete"] and summary["final_accuracy"] == pytest.approx(
+            evals[-1]["test_acc"])
+        lost_at = max(_rounds(run, victim), default=0)
+        budget = ["--time-budget", "12"]  # then it is resumed, with the victim, 4 s further
+    elif family == "sync":  # launch resumes it from its last checkpoint by itself
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out
+        assert ("rank-1 exited with code -9; resuming the run from its last checkpoint (1 of "
+                "--max-restarts 1)") in out
+        evals = _evals(run)
+        times = [e["train_time"] for e in evals]
+        assert len(set(times)) == len(times) and times[-1] >= 8.0, (times, out)
+        assert evals[-1]["test_acc"] >= 0.70, (evals, out)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["complete"] and json.loads((run / "run.json").read_text())[
+            "resumed_from"]["checkpoint"] >= 1
+        for rank in (0, 1):  # no round recorded twice
+            assert _rounds(run, rank) == sorted(set(_rounds(run, rank))), rank
+        return
     else:
         out, _ = proc.communicate(timeout=60)
         stopped_in = time.monotonic() - killed
@@ -231,8 +266,9 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
             json.loads(line)
     for rank in (0, 1):  # (in async modes each worker checkpoints on its own schedule)
         assert checkpoint.loadable(run, rank), f"rank {rank} has no loadable checkpoint"
-    newest = checkpoint.loadable(run, 0)[0]
-    at_checkpoint = checkpoint.load(checkpoint.file_of(run, newest, 0))["loop"]["train_time"]
+    leader = 1 if victim == 0 else 0
+    newest = checkpoint.loadable(run, leader)[0]
+    at_checkpoint = checkpoint.load(checkpoint.file_of(run, newest, leader))["loop"]["train_time"]
 
     resumed = subprocess.run([sys.executable, "-m", "hetsync", "launch", "--resume", str(run),
                               *budget, "--quiet", "--no-figures"], capture_output=True,
@@ -249,11 +285,11 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"])
     assert summary["complete"]
-    if budget:  # the lost rank 1 trained again in the resumed run
-        assert _rounds(run, 1)[-1] > lost_at + 2, (_rounds(run, 1), lost_at)
-        if family != "async":  # restarted in rank 0's checkpoint, written without it
+    if budget:  # the lost rank trained again in the resumed run
+        assert _rounds(run, victim)[-1] > lost_at + 2, (_rounds(run, victim), lost_at)
+        if family != "async":  # restarted in the leader's checkpoint, written without it
             restarted = json.loads((run / "run.json").read_text())["resumed_from"]["restarted"]
-            assert restarted == [1], resumed.stderr
+            assert restarted == [victim], resumed.stderr
 
 
 @pytest.mark.slow
@@ -277,8 +313,8 @@ def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_pat
     pid = pid_of_rank(run, 1)
     assert pid is not None, "rank 1 is not running"
     os.kill(pid, signal.SIGKILL)
-    # rank 2 registers for the regroup at once; rank 0 waits the grace for rank 1, and rank 2
-    # dies within it: the groups it was counted in are never made
+    # rank 2 registers for the regroup at once; the survivors wait the grace for rank 1, and
+    # rank 2 dies within it (counted in, or not yet): the groups are made without it
     time.sleep(2.0)
     pid = pid_of_rank(run, 2)
     assert pid is not None, proc.communicate(timeout=60)[0]

@@ -100,7 +100,7 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--dataset", "synthetic",
          "-n", "mlp", "--workers", "3", "--slowdowns", "1,1,1", "--time-budget", "60",
          "--epochs", "none", "-ld", str(tmp_path), "--run-name", "killed", "--quiet",
-         "--no-figures", "--timeout", "20"],
+         "--no-figures", "--timeout", "20", "--max-restarts", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (run_dir / "worker-1.jsonl").exists() or pid_of_rank(run_dir, 1) is None:

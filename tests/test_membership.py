@@ -73,3 +73,10 @@ def test_rank_0_goes_on_alone_when_every_other_worker_is_lost():
     members, m = _regroup_all(dist.HashStore(), [0], [0, 1, 2], grace=0.1)[0]
     assert members == [0] and m.lost == [1, 2]
     assert m.groups() == (None, None)  # a worker alone needs no group
+
+
+def test_rank_0_may_be_the_lost_one_and_the_lowest_survivor_leads():
+    out = _regroup_all(dist.HashStore(), [1, 2, 3], [0, 1, 2, 3])  # rank 0 never registers
+    for rank in (1, 2, 3):
+        members, m = out[rank]
+        assert members == [1, 2, 3] and m.lost == [0] and m.leader == 1

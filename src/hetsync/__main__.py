@@ -1,3 +1,12 @@
-from hetsync.cli import main
+import os
+import sys
 
-raise SystemExit(main())
+from hetsync.cli import main
+from hetsync.comm.channel import stranded
+
+code = main()
+if stranded():  # (see `stranded`: a shutdown under their threads would abort)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+raise SystemExit(code)

@@ -10,8 +10,8 @@ import sys
 import hetsync
 from hetsync.config import (TEXT_DATASETS, ArgumentParser, Config, ConfigError,
                             add_config_arguments, check_host, config_from_args, parse_target,
-                            parse_epsilon_fraction, parse_listen_port, parse_workers,
-                            unwritable_dir)
+                            parse_epsilon_fraction, parse_listen_port, parse_restarts,
+                            parse_workers, unwritable_dir)
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
 #: local rate on 4 emulated workers of relative speeds 1, 1/2, 1/4, 1/8 (1.9 cores of work,
@@ -59,7 +59,7 @@ def cmd_launch(args) -> int:
     if measured is not None:
         print(measured, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
-           resume=args.resume, live=not args.no_live)
+           resume=args.resume, live=not args.no_live, max_restarts=args.max_restarts)
     return 0
 
 
@@ -326,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoint (its config; flags given override it, e.g. --time-budget)")
     p.add_argument("--no-live", action="store_true",
                    help="do not serve the run's live page (on loopback, a free port)")
+    p.add_argument("--max-restarts", type=parse_restarts, default=3,
+                   help="a run stopped by a lost worker (a mode that cannot go on without "
+                   "it) is resumed from its last checkpoint up to N times (0: it stops and "
+                   "says how to resume; default: 3)")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",

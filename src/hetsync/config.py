@@ -650,6 +650,7 @@ parse_port = _bounded_int(PORTS.start, PORTS.stop - 1, "a TCP port")
 #: a port to listen on: 0 asks the system for any free one
 parse_listen_port = _bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one)")
 parse_workers = _bounded_int(1, MAX_WORKERS, "a number of workers")
+parse_restarts = _bounded_int(0, 100, "a number of restarts")
 
 
 def parse_target(text: str) -> float:

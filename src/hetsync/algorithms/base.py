@@ -166,8 +166,15 @@ class CommContext:
             return list(range(self.workers)) if self.workers > 1 else [self.rank]
         return [dist.get_global_rank(self.group, r) for r in range(self.workers)]
 
+    @property
+    def leads(self) -> bool:
+        """Whether this worker is the group's first (rank 0, or the lowest survivor after
+        it was lost): the one `broadcast` copies from."""
+        return self.rank == self.members()[0]
+
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` as the group's first worker (rank 0) holds it, on every worker."""
+        """`tensor` as the group's first worker (rank 0, or the lowest survivor after a
+        regroup) holds it, on every worker."""
         if self.workers == 1:
             return tensor
         on_wire = tensor.to(self.wire_device)

@@ -223,15 +223,15 @@ class ESync(LocalRounds):
         return bool(options.overlap)
 
     def rejoin(self) -> None:
-        """After a regroup (see `LocalRounds.rejoin`), rank 0 also starts the state server's
-        run afresh without the lost ranks."""
+        """After a regroup (see `LocalRounds.rejoin`), the leader also starts the state
+        server's run afresh without the lost ranks."""
         self.length.forget()
         client = self.comm.state_client
         client.close()  # an answer of the old run may be unread on its connection
         lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
         client.run = f"{client.run.split('/')[0]}/{len(lost)}" if client.run else None
         client.lost = lost  # named in every report, for a restarted server
-        if self.comm.rank == 0:
+        if self.comm.leads:
             client.init(self._all_workers, self.options.epsilon, run=client.run, lost=lost)
         super().rejoin()
 

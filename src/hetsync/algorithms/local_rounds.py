@@ -160,8 +160,8 @@ class LocalRounds(Mode):
 
     def rejoin(self) -> None:
         """After a regroup: the sum in flight is dropped, with the local steps since the
-        last one applied; rank 0's global weights, BatchNorm statistics, outer momentum and
-        round become everyone's (one broadcast), and each worker starts its next round from
+        last one applied; the leader's global weights, BatchNorm statistics, outer momentum
+        and round become everyone's (one broadcast), and each worker starts its next round from
         them."""
         self._pending = self._sent = None
         self.local_steps = 0
@@ -172,7 +172,7 @@ class LocalRounds(Mode):
         sizes = self.comm.broadcast(torch.tensor(sizes + [self.round], dtype=torch.float64))
         state = self.comm.broadcast(
             torch.cat([self._global, stats.to(self._global), buffer.to(self._global)])
-            if self.comm.rank == 0 else self._global.new_zeros(int(sum(sizes[:3]))))
+            if self.comm.leads else self._global.new_zeros(int(sum(sizes[:3]))))
         weights, stats, buffer = state.split([int(n) for n in sizes[:3]])
         self._global.copy_(weights)
         self._global_stats = stats.clone() if stats.numel() else None

@@ -2,12 +2,13 @@
 
 What a checkpoint holds (one file per worker, `RUN_DIR/checkpoints/NNNNNN/rank-R.pt`):
 
-1. rank 0's file: the **global model** (what evaluation sees, the parameter server's weights in
-   the asynchronous modes), taken after what was in flight is settled;
+1. the leader's file (rank 0's, or the lowest survivor's once rank 0 was lost): the **global
+   model** (what evaluation sees, the parameter server's weights in the asynchronous modes),
+   taken after what was in flight is settled;
 2. every worker's file: its optimizer's state, its mode's `state_dict` (round counter, outer
    optimizer, sparse memories, ...), its data position (epoch, batch), the last round it
    recorded, and the loop's clock and counters (elapsed and training time, samples seen by
-   all, evaluations; rank 0's are the ones that matter: it decides when to stop).
+   all, evaluations; the leader's are the ones that matter: it decides when to stop).
 
 When: at every `--checkpoint-every`-th agreed evaluation and at the agreed stop, after the
 round's record, so every worker of a collective mode writes at the same round (a worker of
@@ -19,22 +20,23 @@ the previous checkpoint whole. The last `KEEP` checkpoints are kept.
 Resuming (`launch --resume RUN_DIR`, `worker --resume`): each rank lists the checkpoints whose
 file of its own loads (`torch.load(weights_only=True)`; a corrupt or truncated one is reported
 and skipped); a collective mode takes the newest that every worker can load, an asynchronous
-one each worker's newest. Every worker — and the parameter server — starts from rank 0's
-global model of that checkpoint (rank 0 reads it and broadcasts it: across machines only its
+one each worker's newest. Every worker — and the parameter server — starts from the leader's
+global model of that checkpoint (the leader reads it and broadcasts it: across machines only its
 host has the file), then loads its own optimizer, mode state and data position; every rank
-takes rank 0's clock, and the count of samples goes on from rank 0's.
+takes the leader's clock, and the count of samples goes on from the leader's.
 The run's logs are cut back to the checkpoint (records after it are dropped) and appended to,
 so the curves continue.
 
 Resuming after a loss: a run that went on without a worker (`runtime/membership.py`) writes the
 ranks it lost into every worker's file (`lost`), so its later checkpoints are complete without
 theirs. A collective mode resumes from the newest checkpoint that every worker it had not lost
-by then can load; a rank lost before rank 0's checkpoint (eager-SGD's too) is restarted in it (`for_restarted_rank`): rank 0's round, loop
-counters and what the mode's workers hold in common (`Mode.restart_state`: the global weights
-and the outer optimizer, not the peer's own step times or control variates), a fresh local
-optimizer, and the data position of its own newest checkpoint (its shard's samples since then
-are drawn again). The restarted rank reads rank 0's file, so the run directory must be one
-that every worker sees (as under `launch`).
+by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restarted in it
+(`for_restarted_rank`): the round, loop counters and what the mode's workers hold in common
+(`Mode.restart_state`: the global weights and the outer optimizer, not the peer's own step
+times or control variates) of the checkpoint's leader (its lowest rank not lost), a fresh
+local optimizer, and the data position of its own newest checkpoint (its shard's samples
+since then are drawn again). The restarted rank reads the leader's file, so the run
+directory must be one that every worker sees (as under `launch`).
 
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
 it is in the checkpoint. The snapshots of the global model that deferred evaluation takes
@@ -140,16 +142,36 @@ def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
     return list(survey(run_dir, rank, stream))
 
 
+def leader(lost: set[int] | list[int], workers: int) -> int | None:
+    """The rank that wrote a checkpoint's global model: the lowest not lost by then."""
+    return min((r for r in range(workers) if r not in lost), default=None)
+
+
+def reference(per_rank: list[list[int]], collective: bool,
+              lost: dict[int, set[int]] | None = None) -> int | None:
+    """The checkpoint whose global model every process resumes from: the newest that its
+    leader (`leader`) can load — in a collective mode, the newest that every worker not
+    lost when it was written (`lost`: index -> ranks) can load. None: there is none."""
+    lost, workers = lost or {}, len(per_rank)
+    for index in sorted(set().union(*map(set, per_rank)), reverse=True):
+        gone = lost.get(index, set())
+        first = leader(gone, workers)
+        if first is None or index not in per_rank[first]:
+            continue
+        if not collective or all(index in mine or r in gone
+                                 for r, mine in enumerate(per_rank)):
+            return index
+    return None
+
+
 def choose(per_rank: list[list[int]], rank: int, collective: bool,
            lost: dict[int, set[int]] | None = None) -> int | None:
-    """The checkpoint `rank` resumes from: in a collective mode the newest that rank 0 and
-    every worker not yet lost when it was written (`lost`: index -> ranks) can load — they
-    must agree on the round —, else its own newest. None: there is none."""
-    lost = lost or {}
-    if collective:
-        complete = [i for i in per_rank[0]
-                    if all(i in mine or r in lost.get(i, ()) for r, mine in enumerate(per_rank))]
-        return max(complete) if complete else None
+    """The checkpoint `rank` resumes from: the `reference` in a collective mode (the workers
+    must agree on the round) and for a rank lost before it (restarted from it), else its own
+    newest. None: there is none."""
+    ref = reference(per_rank, collective, lost)
+    if ref is None or collective or rank in (lost or {}).get(ref, ()):
+        return ref
     return per_rank[rank][0] if per_rank[rank] else None
 
 
@@ -171,13 +193,14 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
     return all(choose(per_rank, r, collective, lost) is not None for r in range(workers))
 
 
-def for_restarted_rank(run_dir: Path, index: int, rank: int,
+def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
                        own_newest: int | None) -> dict:
     """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
-    rank 0's file of `index` (round, loop counters, mode state) with no optimizer state and
-    the data position of the rank's own newest checkpoint `own_newest` (None: its start).
-    The mode's `restart_state` keeps of rank 0's state only what the workers share."""
-    peer = load(file_of(run_dir, index, 0))
+    its `leader`'s file of `index` (round, loop counters, mode state) with no optimizer
+    state and the data position of the rank's own newest checkpoint `own_newest` (None: its
+    start). The mode's `restart_state` keeps of the leader's state only what the workers
+    share."""
+    peer = load(file_of(run_dir, index, leader))
     data = (load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
             else {"epoch": 0, "batch": 0})
     peer.pop("global", None)

@@ -3,7 +3,7 @@
 `evaluate` is a model's accuracy and mean loss on the whole test set. Deferred evaluation
 (`--deferred-eval 1`, the default) never pauses training for it:
 
-1. at an evaluation point rank 0 copies the global model to the CPU, stamped with the training
+1. at an evaluation point the leader (rank 0) copies the global model to the CPU, stamped with the training
    time, round and samples seen, and hands it to a writer thread (`SnapshotWriter`), which saves
    it atomically as `RUN_DIR/snapshots/NNNNNN.pt`; training goes on at once;
 2. an evaluator evaluates the snapshots on disk (`evaluate_pending`), appends each result to
@@ -16,7 +16,7 @@
    keep it off the devices: on this machine's kernel, PREEMPT_NONE with 250 Hz ticks, a
    device that woke beside it waited for the next tick, and the slowdown-5 device of a
    1, 2, 4, 8 cluster ran at 90 % of its nominal speed with an evaluator busy 35 % of the
-   time, at 96 % without.) Without an evaluator, rank 0 evaluates them in order after
+   time, at 96 % without.) Without an evaluator, the leader evaluates them in order after
    training;
 3. the snapshots taken before a checkpoint are on disk before it (`SnapshotWriter.flush`), so
    a crash loses none; a resumed run drops those taken after its checkpoint (lost work).
@@ -96,13 +96,13 @@ def drop_after(run_dir: str | Path, train_time: float) -> None:
 
 
 class SnapshotWriter:
-    """Rank 0's snapshots of the global model, written to disk by a thread of their own (a
-    save never holds up a step), numbered after those already there."""
+    """The leader's snapshots of the global model, written to disk by a thread of their own
+    (a save never holds up a step), numbered after those already there and after `after`."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, after: int = 0):
         self.root = snapshot_dir(run_dir)
         existing = pending(run_dir)
-        self.number = int(existing[-1].stem) if existing else 0
+        self.number = max(after, int(existing[-1].stem) if existing else 0)
         self._queue: queue.Queue = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write, daemon=True,

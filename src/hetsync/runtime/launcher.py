@@ -104,6 +104,7 @@ class Cluster:
         self.state_port: int | None = None
         self.state_restarts = 0
         self.lost: set[str] = set()  # workers that died in a mode that goes on without them
+        self.store = None  # torch's key-value store of the workers (`start_ranks`)
         #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
         self.network = network
         #: the state server's shared secret, given to every child: the user's own, or a fresh
@@ -170,9 +171,18 @@ class Cluster:
         return True
 
     def start_ranks(self, config_path: Path) -> None:
-        master_port = free_port()
+        import datetime
+
+        import torch.distributed as dist
+
         world = self.cfg.world_size
         net = self.network
+        # torch's key-value store lives here, not in rank 0's process (where torch puts it), so
+        # that any worker may be lost (runtime/membership.py); the workers connect to it as
+        # torchrun's do to its agent's. (Like torch's own, it listens on every interface.)
+        store_host = "127.0.0.1" if net is None else net.bridge_address
+        self.store = dist.TCPStore(store_host, 0, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=self.cfg.timeout))
         for rank in range(world):
             name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
             args = ["worker", "--config", str(config_path),
@@ -180,8 +190,8 @@ class Cluster:
             if self.state_port is not None:
                 args += ["-port", str(self.state_port)]
             env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1" if net is None else net.address(0),
-                   "MASTER_PORT": str(master_port)}
+                   "MASTER_ADDR": store_host, "MASTER_PORT": str(self.store.port),
+                   "TORCHELASTIC_USE_AGENT_STORE": "True"}
             if net is not None:  # gloo would look its address up by the machine's name
                 env["GLOO_SOCKET_IFNAME"] = net.interface
             self._spawn(name, args, env=env, host=None if net is None else rank)
@@ -228,17 +238,20 @@ class Cluster:
         return all(p.poll() == 0 for name, p in self.ranks().items() if name not in self.lost)
 
     def lose(self, name: str) -> bool:
-        """Go on without the worker `name` that died, where the mode can — an asynchronous
-        mode (each worker talks only to the parameter server, agreement through the store),
-        or one whose workers regroup (`Config.regroups`: ESync in the background,
-        eager-SGD) — and it is any worker but rank 0, which hosts the store, evaluates and
-        decides when to stop. Whether it can."""
+        """Go on without the worker `name` that died, where the mode can: one whose workers
+        regroup (`Config.regroups`: ESync in the background, eager-SGD), any worker, rank 0
+        included (the lowest survivor leads on; the store lives here); an asynchronous mode
+        (each worker talks only to the parameter server, agreement through the store), any
+        worker but rank 0, which evaluates and decides when to stop. Whether it can."""
         rank = name.removeprefix("rank-")
-        goes_on = (self.cfg.needs_ps and self.cfg.spec.asynchronous) or self.cfg.regroups
-        if not (goes_on and rank.isdigit() and int(rank) != 0):
+        if not rank.isdigit():
+            return False
+        asynchronous = self.cfg.needs_ps and self.cfg.spec.asynchronous
+        if not (self.cfg.regroups or (asynchronous and int(rank) != 0)):
             return False
         records = self.run_dir / f"worker-{rank}.jsonl"
-        if not (records.exists() and records.stat().st_size > 0):
+        if not (records.exists() and records.stat().st_size > 0
+                and records.stat().st_mtime >= self.started):  # (a resumed run's are older)
             return False  # it died setting up: the others wait for it in a collective
 
         self.lost.add(name)
@@ -287,11 +300,22 @@ def open_network(cfg: Config):
         raise LaunchError(f"--bandwidth {cfg.bandwidth}: {err}") from None
 
 
+class _Stopped(Exception):
+    """A process of the run failed where the run cannot go on without it."""
+
+    def __init__(self, name: str, code: int):
+        super().__init__(f"{name} exited with code {code}")
+        self.name, self.code = name, code
+
+
 def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
-           stream=sys.stdout, resume: str | Path | None = None, live: bool = True) -> Path:
+           stream=sys.stdout, resume: str | Path | None = None, live: bool = True,
+           max_restarts: int = 0) -> Path:
     """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure.
     `resume`: a run directory to continue from its last checkpoint (`checkpoint.py`); `live`:
-    serve the run's live page on loopback while it goes on (`telemetry/live.py`)."""
+    serve the run's live page on loopback while it goes on (`telemetry/live.py`);
+    `max_restarts`: how many times a run stopped by a failed process (a mode that cannot go
+    on without a worker) is resumed from its last checkpoint here, as `--resume` would."""
     cfg.validate()
     if resume is not None:
         from hetsync.runtime import checkpoint
@@ -309,59 +333,42 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             network.close()
         raise
     cfg.save(run_dir / "config.json")
-    cluster = Cluster(cfg, run_dir, network, resume=resume is not None)
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     if on_main_thread:  # Ctrl-C stops the run even if our parent left SIGINT ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    page = None
+    page = cluster = None
+    restarts = 0
     try:
         if live:
             from hetsync.telemetry.live import LivePage
 
             page = LivePage(run_dir).start()
             print(f"live page: {page.url}", file=stream, flush=True)
-        if cfg.spec.state_server:
-            cluster.start_state_server()
-        cluster.start_ranks(run_dir / "config.json")
         while True:
-            failure = cluster.failed()
-            if failure is not None and failure[0] == "state-server" and \
-                    cluster.restart_state_server():
-                print(f"\nthe state server exited with code {failure[1]}; started it again "
-                      f"on port {cluster.state_port} ({cluster.state_restarts} of "
-                      f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
-                continue
-            if failure is not None and failure[0] == "evaluator":
-                print(f"\nthe evaluator exited with code {failure[1]} (its log: "
-                      f"{cluster.logs / 'evaluator.log'}); training goes on, and what it left "
-                      f"is evaluated at the end", file=stream, flush=True)
-                cluster.lost.add("evaluator")
-                continue
-            if cluster.evaluator_due():
-                cluster.start_evaluator()
-            if failure is not None and cluster.lose(failure[0]):
-                print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
-                      f"on without it", file=stream, flush=True)
-                continue
-            if failure is not None:
-                name, code = failure
-                progress.close()
+            cluster = Cluster(cfg, run_dir, network, resume=resume is not None or restarts > 0)
+            try:
+                _run_cluster(cluster, progress, stream)
+                break
+            except _Stopped as stop:
                 cluster.stop()
                 from hetsync.runtime import checkpoint
 
+                can_resume = checkpoint.resumable(run_dir, cfg.workers, not cfg.spec.asynchronous)
+                log = cluster.logs / (stop.name + ".log")
+                if can_resume and restarts < max_restarts:
+                    restarts += 1
+                    print(f"\n{stop}; resuming the run from its last checkpoint ({restarts} of "
+                          f"--max-restarts {max_restarts}); its log: {log}", file=stream,
+                          flush=True)
+                    continue
+                progress.close()
                 again = (f"\nTo continue from its last checkpoint: hetsync launch --resume "
-                         f"{run_dir}" if checkpoint.resumable(run_dir, cfg.workers,
-                                                         not cfg.spec.asynchronous) else "")
-                raise LaunchError(f"{name} exited with code {code}; the others were stopped. "
-                                  f"Its log ({cluster.logs / (name + '.log')}) ends with:\n"
-                                  f"{_tail(cluster.logs / (name + '.log'))}{again}")
-            if cluster.done():
-                break
-            progress.update()
-            time.sleep(0.5)
+                         f"{run_dir}" if can_resume else "")
+                raise LaunchError(f"{stop}; the others were stopped. Its log ({log}) ends "
+                                  f"with:\n{_tail(log)}{again}") from None
         cluster.finish_evaluation(progress, stream)
         progress.update(final=True)
     except (KeyboardInterrupt, _Terminated):
@@ -371,7 +378,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         if on_main_thread:
             signal.signal(signal.SIGTERM, previous)
         progress.close()
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
         if page is not None:
             page.stop()
         if network is not None:
@@ -380,6 +388,42 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         raise KeyboardInterrupt
     finish_run(run_dir, figures=figures, stream=stream)
     return run_dir
+
+
+def _run_cluster(cluster: Cluster, progress, stream) -> None:
+    """Start `cluster`'s processes and watch them until its workers are done: restart a state
+    server that died, go on without an evaluator or a worker the mode can lose; raises
+    _Stopped naming a process the run cannot go on without."""
+    cfg = cluster.cfg
+    if cfg.spec.state_server:
+        cluster.start_state_server()
+    cluster.start_ranks(cluster.run_dir / "config.json")
+    while True:
+        failure = cluster.failed()
+        if failure is not None and failure[0] == "state-server" and \
+                cluster.restart_state_server():
+            print(f"\nthe state server exited with code {failure[1]}; started it again "
+                  f"on port {cluster.state_port} ({cluster.state_restarts} of "
+                  f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
+            continue
+        if failure is not None and failure[0] == "evaluator":
+            print(f"\nthe evaluator exited with code {failure[1]} (its log: "
+                  f"{cluster.logs / 'evaluator.log'}); training goes on, and what it left "
+                  f"is evaluated at the end", file=stream, flush=True)
+            cluster.lost.add("evaluator")
+            continue
+        if cluster.evaluator_due():
+            cluster.start_evaluator()
+        if failure is not None and cluster.lose(failure[0]):
+            print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
+                  f"on without it", file=stream, flush=True)
+            continue
+        if failure is not None:
+            raise _Stopped(*failure)
+        if cluster.done():
+            return
+        progress.update()
+        time.sleep(0.5)
 
 
 def finish_run(run_dir: Path, *, figures: bool = True, stream=sys.stdout) -> dict:

@@ -9,10 +9,12 @@ the others at the channel's timeout. So that nobody waits that long:
    (G counts the regroups of the run) and registers ``regroup/G/alive/RANK``;
 2. every other survivor sees the alarm while it waits on its background channel
    (`Membership.alarm`, checked twice a second by `ChannelFuture.result`), and registers too;
-3. rank 0 — it hosts torch's store and evaluates: its loss ends the run — waits up to
-   `grace` seconds for every member to register, then writes the new members,
-   ``regroup/G/members``: those that did. If every member registered, no peer was lost
-   (the failure was something else): the error stands and the run stops;
+3. each survivor waits up to `grace` seconds for every member to register, then proposes the
+   new members, those that did, as ``regroup/G/members`` with an atomic compare-and-set:
+   the first proposal stands and every survivor reads it (no survivor decides alone, so any
+   rank, rank 0 included, may be the lost one — or die during the regroup). If every
+   member registered, no peer was lost (the failure was something else): the error stands
+   and the run stops;
 4. each new member makes two groups of the members by themselves alone
    (``use_local_synchronization``; the dead rank takes no part): the main thread's, ranks
    ascending, and the channel's, descending (torch names such a group after its rank list:
@@ -22,7 +24,12 @@ A member lost while the groups are made (after it registered) never connects: ma
 fails at the timeout, and the members regroup again (`rebuild`), without it. A rank left out
 (it registered too late) stops with an error naming the regroup. Ranks keep
 their numbers: a group's ranks are global ranks, so records, shards and the state server's
-reports stay as they were.
+reports stay as they were. The lowest member leads (`leader`): it proposes, evaluates and
+writes the global model (`runtime/training.py`) — rank 0 until it is lost.
+
+The store must outlive every worker: `launch` hosts it in its own process, torchrun in its
+agent (``TORCHELASTIC_USE_AGENT_STORE``); with torch's default, rank 0's process holds it and
+its loss ends the run.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ class Membership:
 
     def alarm(self) -> bool:
         """Whether a survivor has raised the alarm for the next regroup (a store that cannot
-        be reached raises none: rank 0 is gone, and the job's own deadline reports it)."""
+        be reached raises none: its host is gone, and the job's own deadline reports it)."""
         try:
             return self.store.check([self._key()])
         except Exception:  # noqa: BLE001 - the store's errors are not a regroup
@@ -66,16 +73,13 @@ class Membership:
         self.store.set(self._key(), b"1")
         self.store.set(self._key("alive", self.rank), b"1")
         decided = self._key("members")
-        if self.rank == self.members[0]:
-            deadline = time.monotonic() + self.grace
-            while True:
-                alive = [r for r in self.members if self.store.check([self._key("alive", r)])]
-                if len(alive) == len(self.members) or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
-            self.store.set(decided, json.dumps(alive).encode())
-        else:
-            self.store.wait([decided], datetime.timedelta(seconds=self.timeout + self.grace))
+        deadline = time.monotonic() + self.grace
+        while not self.store.check([decided]):
+            alive = [r for r in self.members if self.store.check([self._key("alive", r)])]
+            if len(alive) == len(self.members) or time.monotonic() >= deadline:
+                self.store.compare_set(decided, "", json.dumps(alive))  # the first one stands
+                break
+            time.sleep(0.05)
         alive = json.loads(self.store.get(decided))
         if len(alive) == len(self.members):
             raise cause
@@ -86,6 +90,11 @@ class Membership:
         self.lost += [r for r in self.members if r not in alive]
         self.members, self.generation = alive, self.generation + 1
         return alive
+
+    @property
+    def leader(self) -> int:
+        """The member that proposes, evaluates and writes the global model: the lowest."""
+        return self.members[0]
 
     def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
         """The members' new groups, made by them alone: (main thread's, channel's); None for

@@ -5,20 +5,21 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
 1. draw a batch of this worker's shard; forward (through `mode.module`) and backward;
 2. emulate the device's slowness (`heterogeneity.py`), before any communication of the step;
 3. `mode.poll()`, then `action = mode.decide(step)`: what the step does, decided without I/O;
-4. at the end of a round, rank 0's proposal (samples, evaluate, stop) goes out by the mode's
+4. at the end of a round, the leader's proposal (samples, evaluate, stop) goes out by the mode's
    control path: a blocking three-float all-reduce before the round's communication (it is
    that round's barrier), a job on the background channel after it (acted on when it comes
    in, and before the next round starts, so every worker stops after the same round), or the
    key-value store (asynchronous modes);
 5. `mode.apply(action)`: the local update and the mode's communication;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
-   samples seen, evaluation (on rank 0, of the global model; in collective modes every worker
+   samples seen, evaluation (by the leader, of the global model; in collective modes every worker
    pauses for it), stop; at every `--checkpoint-every`-th evaluation and at the stop, each
    worker writes its checkpoint after the round's record (`checkpoint.py`).
 
 Steps 3-6 fail with a CommError when a peer is lost; where the run can go on without it
-(`Config.regroups`), the survivors regroup (`membership.py`), take rank 0's global state
-(`mode.rejoin`) and go on from the next step; elsewhere the error ends the worker.
+(`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
+(`mode.rejoin`) and go on from the next step; elsewhere the error ends the worker. The leader
+is rank 0, or once it is lost the lowest survivor, which takes over its files.
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
@@ -34,6 +35,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -42,9 +44,10 @@ from hetsync.comm.errors import CommError
 from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
-from hetsync.runtime.evaluation import Evaluation, evaluate, evaluate_pending
+from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
 from hetsync.runtime.rounds import RoundAccount
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
+from hetsync.telemetry.recorder import JsonlWriter
 
 
 @dataclass
@@ -67,18 +70,21 @@ class TrainingLoop:
 
     `store`: the process group's key-value store, for modes whose agreement goes through it
     (required when the mode's control path is STORE and there is more than one worker);
-    `snapshots`: rank 0's `SnapshotWriter`, where deferred evaluation puts the global model.
+    `run_dir`: where the leader (`leads`) writes `eval.jsonl` and deferred evaluation's
+    snapshots (None: nowhere, for a loop that evaluates nothing to disk).
     """
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
-                 device: torch.device, recorder, eval_recorder=None, store=None,
-                 progress=None, checkpointer=None, membership=None, snapshots=None):
+                 device: torch.device, recorder, run_dir=None, store=None,
+                 progress=None, checkpointer=None, membership=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
         self.batches, self.train_set, self.test_set = batches, train_set, test_set
         self.device = device
-        self.recorder, self.eval_recorder = recorder, eval_recorder
+        self.recorder, self.run_dir = recorder, run_dir
+        #: the leader's `eval.jsonl` and `SnapshotWriter` (`_take_lead`)
+        self.eval_recorder = self.snapshots = None
         self.progress = progress
         self.train_size = len(train_set)
         self.criterion = torch.nn.CrossEntropyLoss()
@@ -93,26 +99,46 @@ class TrainingLoop:
         self._in_flight = None  # the background channel's future of the last proposal's sum
         #: evaluate snapshots off the critical path instead of pausing training
         self.deferred = cfg.deferred
-        self.snapshots = snapshots
-        if self.deferred and rank == 0 and snapshots is None:
-            raise ValueError("deferred evaluation needs rank 0's SnapshotWriter")
         self.checkpointer = checkpointer
         self._evaluations = 0                  # agreed evaluations so far (all ranks alike)
         self._checkpoint_due = False
-        self._global_state: dict | None = None  # rank 0: the global model at the due point
+        self._global_state: dict | None = None  # the leader: the global model at the due point
         self._position = (0, 0)                 # data position: (epoch, batches of it taken)
         self._last_recorded = 0
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
+        self._take_lead()
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker proposes, evaluates and writes the global model: rank 0, or
+        after it was lost the lowest survivor (`runtime/membership.py`)."""
+        return self.rank == (self.membership.leader if self.membership is not None else 0)
+
+    def _take_lead(self) -> None:
+        """The leader's files: `eval.jsonl`, and the snapshots (numbered after the agreed
+        evaluations, so a new leader's come after its predecessor's)."""
+        if not self.leads or self.run_dir is None or self.eval_recorder is not None:
+            return
+        self.eval_recorder = JsonlWriter(Path(self.run_dir) / "eval.jsonl")
+        if self.deferred:
+            self.snapshots = SnapshotWriter(self.run_dir, after=self._evaluations)
+
+    def close(self) -> None:
+        """Close the leader's files (the snapshots all on disk)."""
+        if self.snapshots is not None:
+            self.snapshots.close()
+        if self.eval_recorder is not None:
+            self.eval_recorder.close()
 
     @property
     def pauses_everyone(self) -> bool:
         """Whether an evaluation pauses every worker (a collective mode, or one worker)."""
         return self.path in (None, ControlPath.BLOCKING, ControlPath.BACKGROUND)
 
-    # ------------------------------------------------------------------ rank 0's proposals
+    # ------------------------------------------------------------------ the leader's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
-        if self.rank != 0:
+        if not self.leads:
             return Proposal(samples, False, False)
         cfg, train_time = self.cfg, st.train_time(now)
         seen = st.samples_seen + samples  # this round's own samples are not counted yet
@@ -128,17 +154,18 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState) -> None:
-        """Rank 0 evaluates the global model — or, deferred, puts a snapshot of it on disk
+        """The leader evaluates the global model — or, deferred, puts a snapshot of it on disk
         for the evaluator — and every worker takes part in making the global model where
         the mode needs them to. Evaluated at once in a collective mode, everyone waits for it
         (the barrier's time is evaluation, not waiting: the clock's `eval` phase is not
         recorded as wait)."""
         start = time.perf_counter()
         train_time = st.train_time(start)
-        if self.pauses_everyone and self.mode.collective_global_model and self.rank != 0:
+        if self.pauses_everyone and self.mode.collective_global_model and not self.leads:
             with self.mode.global_model():  # its collective needs every worker
                 pass
-        if self.rank == 0:
+        st.last_eval_train_time = train_time  # (every worker: any may come to lead)
+        if self.leads:
             stamp = {"t": start - st.t0, "train_time": train_time,
                      "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
@@ -147,9 +174,8 @@ class TrainingLoop:
                 else:
                     result = evaluate(self.mode.model, self.test_set, self.device)
                 if self._checkpoint_due and self.mode.collective_global_model:
-                    # only here can rank 0 see it (every worker takes part in making it)
+                    # only here can the leader see it (every worker takes part in making it)
                     self._global_state = _cpu_state(self.mode.model)
-            st.last_eval_train_time = train_time
             if not self.deferred:
                 st.last_acc, st.last_loss = result.test_acc, result.test_loss
                 self._record_evaluation({**stamp, "test_acc": result.test_acc,
@@ -168,7 +194,7 @@ class TrainingLoop:
 
     def evaluate_snapshots(self, run_dir) -> int:
         """After training, without an evaluator process: evaluate the deferred snapshots in
-        order (rank 0); how many."""
+        order (the leader); how many."""
         self.snapshots.flush()
         model = copy.deepcopy(self.mode.model)
         return evaluate_pending(run_dir, model, self.test_set, self.device,
@@ -202,7 +228,7 @@ class TrainingLoop:
         every = self.cfg.checkpoint_every
         if agreement.stop:
             return True
-        if self.path is ControlPath.STORE and self.rank != 0:
+        if self.path is ControlPath.STORE and not self.leads:
             return every > 0 and st.train_time(time.perf_counter()) >= self._next_checkpoint
         return agreement.evaluate and every > 0 and self._evaluations % every == 0
 
@@ -262,7 +288,7 @@ class TrainingLoop:
             self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
         start = time.perf_counter()
-        if self.rank == 0 and not self.mode.collective_global_model:
+        if self.leads and not self.mode.collective_global_model:
             with self.mode.global_model():  # as settled: the same global as the mode's state
                 self._global_state = _cpu_state(self.mode.model)
         now = time.perf_counter()
@@ -277,9 +303,10 @@ class TrainingLoop:
                           "last_eval_train_time": st.last_eval_train_time,
                           "last_acc": st.last_acc, "last_loss": st.last_loss,
                           "evaluations": self._evaluations}}
-        if self.rank == 0:
-            if self._global_state is None:  # (every due point of rank 0 is an evaluation)
-                raise RuntimeError("rank 0's checkpoint has no global model")
+        if self.leads:
+            if self._global_state is None:  # (every due point of the leader is an evaluation)
+                raise RuntimeError(f"the leader's (rank {self.rank}) checkpoint has no global "
+                                   f"model")
             state["global"] = self._global_state
         self.checkpointer.write(state)
         self._checkpoint_due, self._global_state = False, None
@@ -386,6 +413,7 @@ class TrainingLoop:
         st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
         self.control.rejoin(st.samples_seen)
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
+        self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
               f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
               f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)

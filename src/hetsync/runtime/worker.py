@@ -117,8 +117,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     group, channel_group = ((dist.new_group(workers), dist.new_group(workers)) if world > 1
                             else (None, None))
 
-    own, index = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
-                  else (None, None))
+    own, index, leader = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
+                          else (None, None, 0))
     data = cfg.load_data()
     # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
     # the data is not one batch; nothing is written before the data is known to be good
@@ -126,8 +126,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
     model = cfg.build_model(data).to(device)
-    if index is not None:  # every process starts from rank 0's global model
-        _load_global(model, run_dir, index, rank, world)
+    if index is not None:  # every process starts from the checkpoint's global model
+        _load_global(model, run_dir, index, leader, rank, world)
 
     if is_server:
         _serve_parameters(cfg, model, run_dir)
@@ -163,20 +163,17 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         membership = Membership(store, rank, workers, timeout=cfg.timeout,
                                 grace=cfg.regroup_grace)
         mode.comm.channel.alarm = membership.alarm
-    eval_recorder = JsonlWriter(run_dir / "eval.jsonl") if rank == 0 else None
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
                     if cfg.checkpoint_every > 0 else None)
     if own is not None and rank == 0:
         evaluation.drop_after(run_dir, own["loop"]["train_time"])
-    snapshots = evaluation.SnapshotWriter(run_dir) if rank == 0 and cfg.deferred else None
-    poster = None
+    poster = loop = None
     try:
         with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
                                 test_set=data.test, device=device, recorder=recorder,
-                                eval_recorder=eval_recorder, store=store, progress=progress,
-                                checkpointer=checkpointer, membership=membership,
-                                snapshots=snapshots)
+                                run_dir=run_dir, store=store, progress=progress,
+                                checkpointer=checkpointer, membership=membership)
             if own is None:
                 loop.evaluate_initial(0.0)
             else:
@@ -196,15 +193,16 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                 write_json_atomic(run_dir / "run.json", _run_info(**info))
             poster = _live_poster(cfg, run_dir, rank, name)
             state = loop.run(t0)
-            if rank == 0 and mode.comm.state_client is not None:  # launch or torchrun alike
+            # the leader: rank 0, or the lowest survivor once it was lost
+            if loop.leads and mode.comm.state_client is not None:  # launch or torchrun alike
                 traffic = mode.comm.state_client.traffic()
                 if traffic is not None:
                     write_json_atomic(run_dir / "state-server.json", traffic)
-            if rank == 0:
+            if loop.leads:
                 wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
                 train_time = state.train_time(time.perf_counter())
-                if snapshots is not None:  # deferred: by the evaluator, or now
-                    snapshots.close()
+                if loop.snapshots is not None:  # deferred: by the evaluator, or now
+                    loop.snapshots.flush()
                     if not cfg.evaluator:
                         loop.evaluate_snapshots(run_dir)
                 # paused_s: evaluation time during which every worker waited (collective modes,
@@ -216,7 +214,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                     **({"lost_workers": membership.lost} if membership and membership.lost
                        else {})))
             if poster is not None:
-                if snapshots is not None and cfg.evaluator:  # its last evaluations go too
+                if loop.snapshots is not None and cfg.evaluator:  # its last evaluations go too
                     evaluation.wait_evaluated(run_dir, cfg.timeout)
                 poster.close()  # after the deferred evaluations: their accuracy goes too
     except BaseException:
@@ -227,8 +225,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     else:
         assembly.close()
     finally:
-        if eval_recorder is not None:
-            eval_recorder.close()
+        if loop is not None:
+            loop.close()
     return run_dir
 
 
@@ -250,10 +248,11 @@ IF_ANY = "if-any"
 
 
 def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
-                     resume: bool | str) -> tuple[dict | None, int | None]:
-    """(this worker's checkpoint, the index whose rank-0 global model every process starts
-    from); the choice is agreed through one all-gather of what each worker can load, and every
-    rank takes rank 0's clock (the records' common time origin)."""
+                     resume: bool | str) -> tuple[dict | None, int | None, int]:
+    """(this worker's checkpoint, the index whose global model every process starts from,
+    the rank whose file holds it); the choice is agreed through one all-gather of what each
+    worker can load (`checkpoint.reference`), and every rank takes rank 0's clock (the
+    records' common time origin; a restarted rank 0 has the leader's)."""
     mine = {} if is_server else checkpoint.survey(run_dir, rank)
     surveys = [{int(i): lost for i, lost in json.loads(t).items()}
                for t in gather_texts(json.dumps(mine))][:cfg.workers]
@@ -261,25 +260,23 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if resume == IF_ANY and not any(lists):
         if not is_server:
             _cut_logs(run_dir, rank, None)
-        return None, None
+        return None, None, 0
     collective = not cfg.spec.asynchronous
     chosen = [checkpoint.choose(lists, r, collective, lost) for r in range(cfg.workers)]
     if any(c is None for c in chosen):
-        who = ("that rank 0 and every worker not lost by then can load" if collective else
+        who = ("that every worker not lost by then can load" if collective else
                f"of rank {chosen.index(None)} that loads")
         raise checkpoint.CheckpointError(
             f"--resume {run_dir}: no checkpoint {who} in {Path(run_dir) / checkpoint.DIR}")
-    # rank 0's checkpoint was written without these (eager-SGD's too, which has no common
-    # checkpoint but a common round): they restart from it
-    restarted = sorted(lost.get(chosen[0], ()))
-    if rank == 0 and restarted:
-        print(f"checkpoint {chosen[0]} was written without rank(s) "
-              f"{', '.join(map(str, restarted))}, lost before it: they restart from rank 0's "
-              f"round and global state", file=sys.stderr, flush=True)
+    index = checkpoint.reference(lists, collective, lost)
+    # written without these (eager-SGD's too, which has no common checkpoint but a common
+    # round): they restart from its leader's file
+    restarted = sorted(lost.get(index, ()))
+    leader = checkpoint.leader(restarted, cfg.workers)
     if is_server:
         own = None
     elif rank in restarted:
-        own = checkpoint.for_restarted_rank(run_dir, chosen[0], rank,
+        own = checkpoint.for_restarted_rank(run_dir, index, rank, leader,
                                             lists[rank][0] if lists[rank] else None)
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
@@ -287,21 +284,24 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if own is not None:
         own["loop"]["t"] = clock
     if rank == 0:
-        print(f"resuming from checkpoint {chosen[0]}: round {own['round']}, training time "
-              f"{own['loop']['train_time']:.1f} s", file=sys.stderr, flush=True)
-    return own, chosen[0]
+        lead = (f"; rank(s) {', '.join(map(str, restarted))}, lost before it, restart from "
+                f"rank {leader}'s round and global state" if restarted else "")
+        print(f"resuming from checkpoint {index}: round {own['round']}, training time "
+              f"{own['loop']['train_time']:.1f} s{lead}", file=sys.stderr, flush=True)
+    return own, index, leader
 
 
-def _load_global(model: torch.nn.Module, run_dir: Path, index: int, rank: int,
+def _load_global(model: torch.nn.Module, run_dir: Path, index: int, leader: int, rank: int,
                  world: int) -> None:
-    """Rank 0 reads the global model of checkpoint `index` and sends it to every process
-    (the server too): across machines only rank 0's host has that file."""
-    if rank == 0:
-        model.load_state_dict(checkpoint.load(checkpoint.file_of(run_dir, index, 0))["global"])
+    """The `leader` reads the global model of checkpoint `index` and sends it to every
+    process (the server too): across machines only its host has that file."""
+    if rank == leader:
+        model.load_state_dict(
+            checkpoint.load(checkpoint.file_of(run_dir, index, leader))["global"])
     if world > 1:
         with torch.no_grad():
             for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
+                dist.broadcast(tensor, src=leader)
 
 
 def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
