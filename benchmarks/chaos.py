@@ -1,0 +1,243 @@
+"""Chaos runs: `hetsync launch` under a seeded schedule of faults, beside the same run undisturbed.
+
+For each mode and seed, two runs of the same cluster (3 workers, slowdowns 1, 2, 2, LeNet on
+Fashion-MNIST): one left alone, one under a schedule of `--events` faults drawn from the seed
+and spread over the middle of the time budget:
+
+- ``kill-worker`` — kill -9 of a random worker, rank 0 among them;
+- ``stop-worker`` — SIGSTOP of a random worker for 1-3 s, then SIGCONT (a pause, not a loss:
+  it must not be taken for dead unless it outlasts `--timeout`);
+- ``kill-state-server`` (ESync's modes) and ``kill-ps`` (parameter-server modes);
+- ``kill-evaluator``.
+
+A kill that would leave no worker is skipped. The regrouping modes go on without a killed
+worker (rank 0 too); the others are resumed from their last checkpoint by `launch`
+(`--max-restarts`). Each run is judged by what a user would check: `launch` exits 0 (not
+lost), within its budget plus the restarts' cost (not hung: `--timeout` bounds every wait),
+one accuracy curve (no training time twice in `eval.jsonl`) to the budget, a complete
+summary, and the final accuracy against the undisturbed run's. The table goes to stdout and,
+with `--out`, to a Markdown file.
+
+    .venv/bin/python benchmarks/chaos.py --modes esync-outer,async,sync --seeds 0,1 \\
+        --budget 60 --events 6 --out results/chaos.md
+
+What it does not do: restart a lost worker into the running job (hetsync cannot yet: the
+cluster of a regrouping mode only shrinks), nor check which samples were drawn twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PS_MODES = ("async", "dcasgd", "gd", "dgc", "dgs", "fedbuff", "async-local-sgd")
+#: modes whose workers regroup without a lost one (any rank): the cluster only shrinks
+REGROUPS = ("esync", "esync-outer", "eager-solo", "eager-majority")
+
+
+@dataclass
+class Event:
+    at: float      # seconds after the run's first record
+    kind: str
+    rank: int | None = None
+    pause: float = 0.0
+
+    def describe(self) -> str:
+        who = f" rank {self.rank}" if self.rank is not None else ""
+        return f"{self.at:5.1f} s {self.kind}{who}" + (f" {self.pause:.1f} s" if self.pause else "")
+
+
+def schedule(mode: str, seed: int, budget: float, events: int, workers: int) -> list[Event]:
+    """`events` faults for `mode`, at times in [0.15, 0.8] of `budget`, from `seed`."""
+    rng = random.Random(seed)
+    kinds = ["kill-worker", "stop-worker", "kill-evaluator"]
+    kinds.append("kill-ps" if mode in PS_MODES else "kill-state-server")
+    times = sorted(rng.uniform(0.15, 0.8) * budget for _ in range(events))
+    out = []
+    for at in times:
+        kind = rng.choice(kinds)
+        rank = rng.randrange(workers) if kind.endswith("worker") else None
+        out.append(Event(at, kind, rank, rng.uniform(1.0, 3.0) if kind == "stop-worker" else 0))
+    return out
+
+
+def children(pid: int) -> list[tuple[int, list[str], dict[str, str]]]:
+    """The processes whose parent is `pid`: (pid, argv, environment)."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
+                continue
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes()
+                       .decode(errors="replace").split("\0") if "=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append((int(entry), argv, env))
+    return out
+
+
+def target(launcher: int, event: Event, workers: int) -> int | None:
+    """The pid the event hits among the launcher's children (None: not running now)."""
+    for pid, argv, env in children(launcher):
+        if event.kind.endswith("worker") and "worker" in argv and \
+                env.get("RANK") == str(event.rank):
+            return pid
+        if event.kind == "kill-ps" and "worker" in argv and env.get("RANK") == str(workers):
+            return pid
+        if event.kind == "kill-state-server" and "state-server" in argv:
+            return pid
+        if event.kind == "kill-evaluator" and "evaluate" in argv:
+            return pid
+    return None
+
+
+@dataclass
+class Outcome:
+    mode: str
+    seed: int
+    chaos: bool
+    code: int = -1
+    wall: float = 0.0
+    applied: list[str] = field(default_factory=list)
+    restarts: int = 0
+    lost: list[int] = field(default_factory=list)
+    final: float | None = None
+    one_curve: bool = False
+    complete: bool = False
+    reached_budget: bool = False
+
+
+def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
+    """One run of `mode` under `events` (none: undisturbed); `args`: budget, timeout,
+    log_dir, events (the restarts allowed)."""
+    chaos = bool(events)
+    events = list(events)
+    name = f"chaos-{mode}-s{seed}-{'chaos' if chaos else 'calm'}"
+    run_dir = Path(args.log_dir) / name
+    workers = 3
+    cmd = [sys.executable, "-m", "hetsync", "launch", "-m", mode, "--workers", str(workers),
+           "--slowdowns", "1,2,2", "--time-budget", str(args.budget), "--seed", str(seed),
+           "--eval-interval", "1", "--checkpoint-every", "5", "--timeout", str(args.timeout),
+           "--regroup-grace", "2", "--max-restarts", str(args.events + 1),
+           "-ld", args.log_dir, "--run-name", name, "--quiet", "--no-figures", "--no-live"]
+    out = Outcome(mode, seed, chaos)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    first = None
+    killed: set[int] = set()
+    # (a hang is what --timeout must prevent: give up on the run well after it)
+    deadline = start + args.budget * 3 + args.timeout * (2 + args.events) + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if first is None and (run_dir / "worker-0.jsonl").exists():
+            first = time.monotonic()
+        while first is not None and events and time.monotonic() - first >= events[0].at:
+            event = events.pop(0)
+            if event.kind == "kill-worker" and len(killed | {event.rank}) >= workers:
+                out.applied.append(event.describe() + " (skipped: the last worker)")
+                continue
+            pid = target(proc.pid, event, workers)
+            if pid is None:
+                out.applied.append(event.describe() + " (not running)")
+                continue
+            if event.kind == "stop-worker":
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(event.pause)
+                os.kill(pid, signal.SIGCONT)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                if mode not in REGROUPS and (event.kind == "kill-ps" or event.rank == 0 or
+                                             mode not in PS_MODES):
+                    killed.clear()  # the run stops, and launch resumes it with every worker
+                elif event.kind == "kill-worker":
+                    killed.add(event.rank)
+            out.applied.append(event.describe())
+        time.sleep(0.1)
+    if proc.poll() is None:  # hung
+        proc.kill()
+    text = proc.communicate()[0]
+    out.code, out.wall = proc.returncode, time.monotonic() - start
+    out.restarts = text.count("resuming the run from its last checkpoint")
+    if run_dir.exists():
+        (run_dir / "chaos.log").write_text("\n".join(out.applied) + "\n\n" + text)
+    try:
+        evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+        times = [e["train_time"] for e in evals]
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return out
+    out.one_curve = len(times) == len(set(times))
+    out.reached_budget = bool(times) and max(times) >= args.budget
+    out.final = summary.get("final_accuracy")
+    out.complete = bool(summary.get("complete"))
+    out.lost = summary.get("lost_workers") or []
+    return out
+
+
+def table(outcomes: list[Outcome], budget: float) -> str:
+    rows = ["| mode | seed | run | events applied | launch exit | wall s | restarts | lost "
+            "workers | one curve to the budget | complete | final accuracy | vs undisturbed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    calm = {(o.mode, o.seed): o.final for o in outcomes if not o.chaos}
+    for o in outcomes:
+        ref = calm.get((o.mode, o.seed))
+        delta = (f"{100 * (o.final - ref):+.2f} pt" if o.chaos and o.final is not None and
+                 ref is not None else "")
+        applied = "; ".join(o.applied) if o.chaos else "none"
+        rows.append(f"| {o.mode} | {o.seed} | {'chaos' if o.chaos else 'undisturbed'} | "
+                    f"{applied} | {o.code} | {o.wall:.0f} | {o.restarts} | "
+                    f"{','.join(map(str, o.lost)) or '-'} | "
+                    f"{'yes' if o.one_curve and o.reached_budget else 'NO'} | "
+                    f"{'yes' if o.complete else 'NO'} | "
+                    f"{'' if o.final is None else f'{o.final:.4f}'} | {delta} |")
+    chaos = [o for o in outcomes if o.chaos]
+    lost = sum(o.code != 0 for o in chaos)
+    hung = sum(o.wall > budget * 3 + 120 for o in chaos)
+    rows.append("")
+    rows.append(f"{len(chaos)} chaos runs, {sum(len(o.applied) for o in chaos)} events: "
+                f"{lost} run(s) lost (launch exit != 0), {hung} hung past the bound, "
+                f"{sum(not (o.one_curve and o.reached_budget) for o in chaos)} without one "
+                f"curve to the budget")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", default="esync-outer,async,sync")
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--budget", type=float, default=60.0, help="each run's time budget (s)")
+    p.add_argument("--events", type=int, default=6, help="faults per chaos run")
+    p.add_argument("--timeout", type=float, default=15.0, help="the runs' --timeout")
+    p.add_argument("-ld", "--log-dir", default="runs/chaos")
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    args = p.parse_args()
+    outcomes = []
+    for mode in args.modes.split(","):
+        for seed in map(int, args.seeds.split(",")):
+            for chaos in (False, True):
+                events = schedule(mode, seed, args.budget, args.events, 3) if chaos else []
+                o = run(mode, seed, args, events)
+                print(f"{mode} seed {seed} {'chaos' if chaos else 'calm'}: exit {o.code}, "
+                      f"{o.wall:.0f} s, final {o.final}, events {o.applied}", flush=True)
+                outcomes.append(o)
+    text = table(outcomes, args.budget)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"Chaos runs (`benchmarks/chaos.py {' '.join(sys.argv[1:])}`)"
+                                  f"\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

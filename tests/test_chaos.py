@@ -1,0 +1,39 @@
+"""A short chaos run per mode family (`benchmarks/chaos.py` runs the long ones): faults of every
+kind in one run — a worker paused, the state server or parameter server killed, rank 0 killed,
+the evaluator killed — and the run still ends well: launch exits 0 within its bound, one
+accuracy curve to the budget, a complete summary."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from chaos import Event, run  # noqa: E402
+
+SCHEDULES = {
+    # goes on without a lost worker, rank 0 included (the lowest survivor leads on)
+    "esync-outer": [Event(2.0, "stop-worker", 1, pause=1.5), Event(4.0, "kill-state-server"),
+                    Event(6.0, "kill-worker", 0), Event(7.0, "kill-evaluator")],
+    # rank 0 cannot be lost: launch resumes the run (from the checkpoint at 5 s)
+    "async": [Event(2.0, "stop-worker", 2, pause=1.5), Event(4.0, "kill-evaluator"),
+              Event(8.0, "kill-worker", 0)],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(SCHEDULES))
+def test_a_run_under_faults_of_every_kind_ends_well(tmp_path, mode):
+    args = SimpleNamespace(budget=12.0, timeout=15.0, events=len(SCHEDULES[mode]),
+                           log_dir=str(tmp_path))
+    out = run(mode, 0, args, SCHEDULES[mode])
+    log = (tmp_path / f"chaos-{mode}-s0-chaos" / "chaos.log").read_text()
+    assert out.code == 0, log
+    assert not any("not running" in a for a in out.applied), log  # every fault happened
+    assert out.one_curve and out.reached_budget and out.complete, log
+    assert out.final is not None and out.final >= 0.7, log
+    if mode == "esync-outer":
+        assert out.lost == [0] and out.restarts == 0, log
+    else:
+        assert out.restarts == 1, log  # rank 0 lost: resumed from the last checkpoint
