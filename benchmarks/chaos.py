@@ -8,6 +8,7 @@ and spread over the middle of the time budget:
 - ``stop-worker`` — SIGSTOP of a random worker for 1-3 s, then SIGCONT (a pause, not a loss:
   it must not be taken for dead unless it outlasts `--timeout`);
 - ``kill-state-server`` (ESync's modes) and ``kill-ps`` (parameter-server modes);
+  (a kill of a worker is drawn twice as often as each other kind)
 - ``kill-evaluator``.
 
 A kill that would leave no worker is skipped. The regrouping modes go on without a killed
@@ -59,8 +60,11 @@ class Event:
 def schedule(mode: str, seed: int, budget: float, events: int, workers: int) -> list[Event]:
     """`events` faults for `mode`, at times in [0.15, 0.8] of `budget`, from `seed`."""
     rng = random.Random(seed)
-    kinds = ["kill-worker", "stop-worker", "kill-evaluator"]
-    kinds.append("kill-ps" if mode in PS_MODES else "kill-state-server")
+    kinds = ["kill-worker", "kill-worker", "stop-worker", "kill-evaluator"]  # (kills twice as
+    if mode in PS_MODES:                                                      # often)
+        kinds.append("kill-ps")
+    elif mode in ("esync", "esync-outer"):
+        kinds.append("kill-state-server")
     times = sorted(rng.uniform(0.15, 0.8) * budget for _ in range(events))
     out = []
     for at in times:

@@ -310,3 +310,25 @@ def test_sums_may_carry_batchnorm_statistics_but_no_more():
     assert first[0] == [2.0] * 10 and second[0] == [2.0] * 10
     assert "numel" in first[1] and "numel" in second[1]
     assert sorted(r["rank"] for r in refused) == [0, 1]
+
+
+def _known_lost_ranks(rank: int, world_size: int):
+    from hetsync.comm import ParameterServer, PSClient
+
+    if rank == 2:  # rank 1 is known dead (as launch marks it): no lingering for it
+        start = time.monotonic()
+        stats = ParameterServer([0, 1], SGDRule(), timeout=60, linger=30.0,
+                                known_lost=lambda: [1]).serve()
+        return stats.lost, time.monotonic() - start
+    if rank == 0:
+        with PSClient(2, timeout=30) as ps:
+            ps.push_pull(torch.ones(DIM))
+        return None
+    time.sleep(12)  # rank 1 says nothing (dead); it outlives the server's return
+    return None
+
+
+def test_a_worker_known_dead_is_not_waited_for_after_the_others_finish():
+    _, _, (lost, seconds) = run_ranks(_known_lost_ranks, 3, timeout=90)
+    assert lost == [1]
+    assert seconds < 10  # not the 30 s linger

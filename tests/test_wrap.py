@@ -381,3 +381,52 @@ def test_a_worker_that_fails_mid_run_is_named_with_its_cause_by_the_others():
     assert waiting.startswith("CommError: worker 0: round 4 could not complete: worker 1 "
                               "raised ValueError: boom in the user's loop"), waiting
     assert time.monotonic() - began < 60   # not the 30 s collective timeout twice over
+
+
+def _user_collectives(rank, world, mode):
+    """A DDP user's habits around wrap: the loss averaged over the default group every 10
+    steps where the workers step in lockstep, a barrier once every worker has finished(), and
+    rank 0 "saves", then a barrier. hetsync's own traffic is on groups of its own."""
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode=mode,
+                       timeout=30, slowdown=1.0 + rank)
+    _, _, loader = _task(rank, 30)
+    averaged = []
+    for i, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if i % 10 == 9 and mode in LOCKSTEP:
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            averaged.append(float(mean) / world)
+    opt.finish()
+    dist.barrier()                      # the epoch's end
+    mean = torch.tensor([float(loss)])
+    dist.all_reduce(mean)
+    averaged.append(float(mean) / world)
+    dist.barrier()                      # rank 0 saves, the others wait for it
+    return averaged, torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+#: modes whose workers take the same steps between synchronisations (DiLoCo: H each): a
+#: collective every K steps meets every worker at the same step. In the others a fast worker
+#: takes more steps per round, so one waiting in such a collective would hold back the
+#: rounds the slow one waits on: there, collectives of your own come after finish().
+LOCKSTEP = ("sync", "selsync", "diloco")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "esync", "esync-outer", "eager-solo", "selsync",
+                                  "diloco"])
+def test_the_users_own_collectives_on_the_default_group_work_beside_hetsync(mode):
+    out = run_ranks(_user_collectives, 3, mode, timeout=120)
+    averages = [a for a, _ in out]
+    assert len(averages[0]) == (4 if mode in LOCKSTEP else 1)
+    assert averages[0] == averages[1] == averages[2]
+    for _, params in out[1:]:  # finish() left every rank with the same model
+        torch.testing.assert_close(params, out[0][1])

@@ -187,9 +187,9 @@ class Config:
                            "help": "seconds before a silent peer is declared dead"})
     regroup_grace: float = field(default=5.0, metadata={
         "flags": ("--regroup-grace",),
-        "help": "after a worker is lost (modes that go on without it): seconds rank 0 waits "
-                "for every survivor to register; one still in a longer step is left out "
-                "(capped at --timeout)"})
+        "help": "after a worker is lost (modes that go on without it): seconds the "
+                "survivors wait for every one of them to register; one still in a longer step "
+                "is left out (capped at --timeout)"})
     plugins: tuple[str, ...] = field(default=(), metadata={
         "flags": ("--plugin",), "parser": "names",
         "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})

@@ -34,7 +34,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 
@@ -126,6 +126,8 @@ class ParameterServer:
             silent before they are taken for lost (a worker that died never says BYE) and the
             server returns, naming them in ``stats.lost``; ``None``: wait ``timeout``, then
             raise.
+        known_lost: the workers someone outside knows are dead (``launch`` marks them in the
+            store); asked after each goodbye, so the server need not linger for them.
 
     The loop, one request at a time:
 
@@ -151,7 +153,8 @@ class ParameterServer:
 
     def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
                  timeout: float | None = None, numel: int | None = None,
-                 sum_numel: int | None = None, linger: float | None = None):
+                 sum_numel: int | None = None, linger: float | None = None,
+                 known_lost: Callable[[], Iterable[int]] | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -172,6 +175,7 @@ class ParameterServer:
         self.numel = numel
         self.sum_numel = numel if sum_numel is None else sum_numel
         self.linger = linger
+        self.known_lost = known_lost
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
@@ -239,6 +243,11 @@ class ParameterServer:
         failed_in_a_row = 0  # any-source receives that failed since the last one that worked
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         while open_workers:
+            if said_bye and self.known_lost is not None:  # none of them will say goodbye
+                for worker in sorted(set(self.known_lost()) & open_workers):
+                    lose(worker)
+                if not open_workers:
+                    break
             timeout = resolve_timeout(self.timeout)
             lingering = self.linger is not None and said_bye
             if lingering:

@@ -15,6 +15,7 @@ optimizer, `assemble` connects what the mode needs and returns it ready to train
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,7 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
     ESync and SelSync over `--collective ps`). A worker that died never says goodbye: once
     the others have, it is given up after `linger` (the asynchronous modes go on without
-    it)."""
+    it), or at once where the launcher has marked it dead in the store."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -110,7 +111,13 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params),
                               len(worker_ranks)) if spec.server_rule is not None else None)
     stats_numel = sum(t.numel() for t in bn_statistics(model))
+    lost = None
+    if dist.is_initialized() and dist.get_world_size() > 1:  # (launch marks the dead there)
+        from hetsync.runtime.membership import known_lost
+
+        store = dist.distributed_c10d._get_default_store()
+        lost = functools.partial(known_lost, store, worker_ranks)
     return ParameterServer(worker_ranks, rule, timeout=timeout,
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
-                           linger=min(timeout, 30.0))
+                           linger=min(timeout, 30.0), known_lost=lost)

@@ -22,8 +22,8 @@ import torch
 @dataclass(frozen=True)
 class Proposal:
     samples: int      # samples this worker trained since the last round
-    evaluate: bool    # rank 0 wants to evaluate after this round
-    stop: bool        # rank 0 wants to stop after this round
+    evaluate: bool    # the leader (rank 0) wants to evaluate after this round
+    stop: bool        # the leader (rank 0) wants to stop after this round
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop)])
@@ -85,8 +85,9 @@ class StoreControl:
             stop = True
         else:
             stop = int(self.store.add(self.STOP, 0)) > 0
-        # Rank 0 evaluates alone: the others keep training (no round to pause at).
-        return Agreement(seen, proposal.evaluate and self.rank == 0, stop)
+        # The leader evaluates alone (only it proposes to): the others keep training (no
+        # round to pause at).
+        return Agreement(seen, proposal.evaluate, stop)
 
 
 class StoreJoin:

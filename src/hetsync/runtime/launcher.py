@@ -255,6 +255,11 @@ class Cluster:
             return False  # it died setting up: the others wait for it in a collective
 
         self.lost.add(name)
+        # a parameter server need not wait for its goodbye (torch's default store prefixes
+        # the workers' keys with "default_pg/")
+        from hetsync.runtime.membership import LOST
+
+        self.store.set(f"default_pg/{LOST}/{rank}", "1")
         return True
 
     def stop(self, grace: float = 5.0) -> None:

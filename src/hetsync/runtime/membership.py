@@ -43,6 +43,16 @@ import torch.distributed as dist
 from hetsync.comm.errors import CommError
 
 PREFIX = "hetsync/regroup"
+#: `launch` marks a worker it knows is dead here (`known_lost`)
+LOST = "hetsync/lost"
+
+
+def known_lost(store: dist.Store, ranks) -> list[int]:
+    """The ranks of `ranks` marked dead in `store` by the launcher (which saw them exit)."""
+    try:
+        return [r for r in ranks if store.check([f"{LOST}/{r}"])]
+    except Exception:  # noqa: BLE001 - a store out of reach marks nobody
+        return []
 
 
 class Membership:
