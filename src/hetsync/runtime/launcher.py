@@ -5,7 +5,10 @@ per rank (the last one is the parameter server when the run needs one) — with 
 each on its own emulated host behind a rate-limited link (`runtime/network.py`) — and, with
 `--evaluator 1`, the evaluator (`hetsync evaluate --follow`, at the lowest CPU priority) once
 rank 0 has started the run; shows one progress line for the cluster, and stops every child on
-Ctrl-C or as soon as a worker fails (its log's last lines are shown). At the end it waits for
+Ctrl-C or as soon as a worker fails (its log's last lines are shown) where the mode cannot go
+on without it — then resumes the run from its last checkpoint, up to `max_restarts` times.
+It hosts the workers' key-value store itself, so that no worker's loss takes the store with
+it (`runtime/membership.py`), and marks there the workers it saw die. At the end it waits for
 the evaluator to finish the last snapshots (or evaluates them itself if the evaluator died),
 summarises the run directory, draws the figures and prints the summary table.
 """
