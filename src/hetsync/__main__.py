@@ -2,7 +2,7 @@ import os
 import sys
 
 from hetsync.cli import main
-from hetsync.comm.channel import stranded
+from hetsync.comm.p2p import stranded
 
 code = main()
 if stranded():  # (see `stranded`: a shutdown under their threads would abort)

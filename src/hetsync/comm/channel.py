@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from .errors import CommError, CommTimeoutError
+from .p2p import leave_behind
 from .timeouts import resolve_timeout
 
 _STOP = object()
@@ -177,17 +178,4 @@ class Channel:
         if wait:
             self._thread.join(timeout=(ahead + 1) * self.timeout)
         if self._thread.is_alive():
-            _left.append(self._thread)
-
-
-#: the threads of channels closed while a job may still be running (see `stranded`)
-_left: list[threading.Thread] = []
-
-
-def stranded() -> list[threading.Thread]:
-    """The threads of closed channels still running a job: one left after a regroup may
-    block in a transfer of its broken group until its timeout. A process must not shut the
-    interpreter down under such a daemon thread (taking the GIL back inside torch's C++ at
-    shutdown ends in std::terminate, exit code -6): `python -m hetsync` then leaves with
-    os._exit, its files closed."""
-    return [t for t in _left if t.is_alive()]
+            leave_behind(self._thread)

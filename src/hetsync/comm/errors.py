@@ -15,7 +15,7 @@ class CommError(RuntimeError):
 
     Attributes:
         op: name of the operation, as counted by the byte meter.
-        peer: global rank of the peer, or ``None`` where the peer is unknown (any-source wait).
+        peer: global rank of the peer, or ``None`` where the peer is unknown (a wait on several).
     """
 
     def __init__(self, message: str, *, op: str | None = None, peer: int | None = None):

@@ -22,6 +22,8 @@ Gloo closes the connection to a peer whose transfer timed out: after a
 from __future__ import annotations
 
 import datetime
+import queue
+import threading
 import time
 from typing import Sequence
 
@@ -202,22 +204,99 @@ def exchange(send_tensor: torch.Tensor | None, dst: int | None,
     transfer(ops, view=view, op=op, timeout=timeout, tag=tag)
 
 
-def recv_any(tensor: torch.Tensor, *, view: GroupView, op: str, timeout: float,
-             tag: int, count: bool = True) -> int:
-    """Receive into ``tensor`` from whichever rank sends first on ``tag``; return its group rank.
+class Inbox:
+    """The next message on ``tag`` from each of ``peers`` (group ranks), as they arrive.
 
-    Needs a backend with any-source receive (gloo, MPI; not NCCL). With ``count=False`` the
-    bytes are not metered (the caller meters them once it knows the operation).
+    A server's "from whichever client sends first". gloo's any-source receive cannot be it
+    where clients may die: a sender that dies after announcing a message the receiver has
+    not asked for yet leaves the announcement behind, and every later any-source receive on
+    that tag fails, naming nobody (gloo as in torch 2.x). Here each peer has a receive of its
+    own, waited on by a thread of its own: a death fails that peer's receive only and names
+    it, whether it died idle or in the middle of its message.
+
+    1. :meth:`ask` posts the next receive from a peer (one outstanding per peer).
+    2. :meth:`get` returns ``(peer, tensor)`` for the first receive that completed, or raises
+       :class:`CommError` naming the peer whose receive failed (its connection closed), or
+       :class:`CommTimeoutError` when none completed in time. A peer is asked again only
+       when the caller wants its next message.
+    3. :meth:`close`: threads still waiting (on peers that stay silent) are left to
+       :func:`stranded`.
     """
-    try:
-        work = view.pg.recv_anysource([tensor], tag)
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except Exception as exc:  # noqa: BLE001
-        raise comm_error(exc, op=op, kind=RECV, peer=None, seconds=timeout) from exc
-    src = work._source_rank()
-    if count:
-        meter.add(op, 0, _nbytes(tensor))
-    return src
+
+    #: a thread waits until its peer sends or its connection fails; silence is the caller's
+    #: to judge (`get`'s timeout), not the receive's
+    _FOREVER = datetime.timedelta(days=365)
+
+    def __init__(self, peers: Sequence[int], *, numel: int, dtype: torch.dtype,
+                 view: GroupView, op: str, tag: int):
+        self._view, self._op, self._tag = view, op, tag
+        self._numel, self._dtype = numel, dtype
+        self._arrived: queue.SimpleQueue = queue.SimpleQueue()
+        self._posted = {p: queue.SimpleQueue() for p in peers}
+        self.asked: set[int] = set()
+        self._threads = [threading.Thread(target=self._wait, args=(p,), daemon=True,
+                                          name=f"hetsync-inbox-{p}") for p in peers]
+        for t in self._threads:
+            t.start()
+
+    def ask(self, peer: int) -> None:
+        """Post the receive of ``peer``'s next message."""
+        tensor = torch.empty(self._numel, dtype=self._dtype)
+        self.asked.add(peer)
+        try:  # fails at once where the connection is already closed
+            work = self._view.pg.recv([tensor], peer, self._tag)
+        except Exception as exc:  # noqa: BLE001
+            self._arrived.put((peer, None, exc))
+            return
+        self._posted[peer].put((tensor, work))
+
+    def _wait(self, peer: int) -> None:
+        while (item := self._posted[peer].get()) is not None:
+            tensor, work = item
+            try:
+                work.wait(timeout=self._FOREVER)
+            except Exception as exc:  # noqa: BLE001 - reported to get()
+                self._arrived.put((peer, None, exc))
+                return
+            self._arrived.put((peer, tensor, None))
+
+    def get(self, timeout: float) -> tuple[int, torch.Tensor]:
+        """The first asked message to arrive within ``timeout`` seconds: (peer, tensor)."""
+        try:
+            peer, tensor, exc = self._arrived.get(timeout=timeout)
+        except queue.Empty:
+            raise CommTimeoutError(f"{self._op}: no message from any of {sorted(self.asked)} "
+                                   f"within {timeout:g} s", op=self._op,
+                                   seconds=timeout) from None
+        self.asked.discard(peer)
+        if exc is not None:
+            raise comm_error(exc, op=self._op, kind=RECV, peer=self._view.global_rank(peer),
+                             seconds=timeout) from exc
+        return peer, tensor
+
+    def close(self) -> None:
+        """Stop the threads; those still waiting on a silent peer are left behind."""
+        for posted in self._posted.values():
+            posted.put(None)
+        _left.extend(t for t in self._threads if t.is_alive())
+
+
+#: threads that may still be blocked in a transfer of a group (see `stranded`)
+_left: list[threading.Thread] = []
+
+
+def leave_behind(thread: threading.Thread) -> None:
+    """Note a thread that may stay blocked in a transfer after its owner is done."""
+    _left.append(thread)
+
+
+def stranded() -> list[threading.Thread]:
+    """Threads left blocked in a transfer: a closed channel's job after a regroup, an
+    :class:`Inbox`'s wait on a silent peer. A process must not shut the interpreter down
+    under such a daemon thread (when the transfer ends, taking the GIL back inside torch's
+    C++ at shutdown ends in std::terminate, exit code -6): `python -m hetsync` then leaves
+    with os._exit, its files closed."""
+    return [t for t in _left if t.is_alive()]
 
 
 def piece_elems(numel: int, parts: int, element_size: int) -> int:

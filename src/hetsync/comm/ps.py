@@ -131,19 +131,18 @@ class ParameterServer:
 
     The loop, one request at a time:
 
-    1. Receive the next 96-byte header from any rank; refuse one it does not understand,
-       one from a non-worker or after BYE, one out of sequence or of the wrong length.
+    1. Receive the next 96-byte header from whichever open worker sends first (each has a
+       receive of its own, :class:`~hetsync.comm.p2p.Inbox`); refuse one it does not
+       understand, one out of sequence or of the wrong length.
     2. Receive the payload whose kind, dtype and sizes the header gave (into a buffer of
        NaN); refuse one with non-finite values (which a payload shorter than its header
        leaves) or sparse indices out of range.
        A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
-       served no more, as if it had said BYE; the others go on. A worker that dies is simply
-       heard from no more (gloo's any-source receive goes on with the others); with
-       ``linger``, it is given up once the others have finished. One that dies in the middle
-       of a request (its payload, or the reply to it, fails) is lost at once: recorded in
-       ``stats.lost`` and served no more; the others go on. One that dies in the middle of
-       its header fails the any-source receive, which names no sender: the server receives
-       again, and that worker is lost when it stays silent past ``linger``.
+       served no more, as if it had said BYE; the others go on. A worker whose connection
+       closes (it died: idle, in the middle of its header, of its payload or before its
+       reply) is lost at once: recorded in ``stats.lost`` and served no more; the others go
+       on. One that is silent without a closed connection (stopped, or its machine gone
+       from the network) is given up ``linger`` seconds after the others have finished.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -240,80 +239,77 @@ class ParameterServer:
                 close(worker)
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
-        failed_in_a_row = 0  # any-source receives that failed since the last one that worked
-        raw = torch.empty(HEADER_LEN, dtype=torch.int64)
-        while open_workers:
-            if said_bye and self.known_lost is not None:  # none of them will say goodbye
-                for worker in sorted(set(self.known_lost()) & open_workers):
-                    lose(worker)
-                if not open_workers:
-                    break
-            timeout = resolve_timeout(self.timeout)
-            lingering = self.linger is not None and said_bye
-            if lingering:
-                timeout = min(timeout, self.linger)
-            try:
-                src = p2p.recv_any(raw, view=self._view, op="ps/serve", timeout=timeout,
-                                   tag=TAG_REQUEST, count=False)
-            except CommTimeoutError as exc:
-                if lingering:  # the others have finished: the silent ones are gone
-                    for worker in sorted(open_workers):
+        inbox = p2p.Inbox(self.workers, numel=HEADER_LEN, dtype=torch.int64, view=self._view,
+                          op="ps/serve", tag=TAG_REQUEST)
+        try:
+            while open_workers:
+                for worker in sorted(open_workers - inbox.asked):  # each open one's next header
+                    inbox.ask(worker)
+                if said_bye and self.known_lost is not None:  # none of them will say goodbye
+                    for worker in sorted(set(self.known_lost()) & open_workers):
                         lose(worker)
-                    break
-                raise CommTimeoutError(
-                    f"ps/serve: no request within {timeout:g} s from any of the workers still "
-                    f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
-            except CommError:
-                # A sender died in the middle of its header. gloo does not say which one; it
-                # is found later (its reply fails, or it stays silent past `linger`). Each
-                # death fails one receive: more failures in a row than workers is not that.
-                failed_in_a_row += 1
-                if failed_in_a_row > len(open_workers):
-                    raise
-                continue
-            failed_in_a_row = 0
-            seq = int(raw[Field.SEQ])
-            try:
-                header, payload = self._receive(raw, src, open_workers, next_seq[src],
-                                                next_round[src], rounds)
-            except ProtocolError as err:
-                # Refuse that worker, not the run: it is told why, and served no more.
-                detail = Field[err.field.upper()] if err.field and \
-                    err.field.upper() in Field.__members__ else 0
-                status = Status.BAD_PAYLOAD if err.field == "payload" else Status.BAD_HEADER
-                if err.field != "payload":
-                    self._drain(raw, src)
-                self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
-                self.stats.refused.append({"rank": src, "field": err.field,
-                                           "error": str(err)})
-                if src in open_workers:
-                    close(src)
-                continue
-            except CommError:  # its payload never came: it died mid-request
-                lose(src)
-                continue
-            op = OP_NAMES[Op(header.op)]
-            next_seq[src] += 1
-            self.stats.requests[op.split("/")[1]] += 1
-            self.stats.per_worker[src] += 1
-
-            if header.op in (Op.PULL, Op.PUSH_PULL):
-                reply = self._apply(header, src, payload, op)
-                self._send(src, self._reply_ops(src, header.seq, reply), op, lose)
-            elif header.op == Op.SUM:
-                next_round[src] += 1
-                r = header.round
-                if any(c <= r for c in closed_at.values()):
-                    self._send(src, self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
-                               op, lose)
+                    if not open_workers:
+                        break
+                timeout = resolve_timeout(self.timeout)
+                lingering = self.linger is not None and said_bye
+                if lingering:
+                    timeout = min(timeout, self.linger)
+                try:
+                    src, raw = inbox.get(timeout)
+                except CommTimeoutError as exc:
+                    if lingering:  # the others have finished: the silent ones are gone
+                        for worker in sorted(open_workers):
+                            lose(worker)
+                        break
+                    raise CommTimeoutError(
+                        f"ps/serve: no request within {timeout:g} s from any of the workers still "
+                        f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
+                except CommError as exc:  # its connection closed, idle or mid-header: it died
+                    lose(exc.peer)
                     continue
-                rounds.setdefault(r, {})[src] = (header.seq, payload)
-                if len(rounds[r]) == len(self.workers):
-                    self._finish_round(rounds.pop(r), op, lose)
-            else:  # BYE
-                self._send(src, self._reply_ops(src, header.seq, None), op, lambda w: None)
-                close(src)
-                said_bye = True
+                seq = int(raw[Field.SEQ])
+                try:
+                    header, payload = self._receive(raw, src, next_seq[src], next_round[src],
+                                                    rounds)
+                except ProtocolError as err:
+                    # Refuse that worker, not the run: it is told why, and served no more.
+                    detail = Field[err.field.upper()] if err.field and \
+                        err.field.upper() in Field.__members__ else 0
+                    status = Status.BAD_PAYLOAD if err.field == "payload" else Status.BAD_HEADER
+                    if err.field != "payload":
+                        self._drain(raw, src)
+                    self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
+                    self.stats.refused.append({"rank": src, "field": err.field,
+                                               "error": str(err)})
+                    close(src)
+                    continue
+                except CommError:  # its payload never came: it died mid-request
+                    lose(src)
+                    continue
+                op = OP_NAMES[Op(header.op)]
+                next_seq[src] += 1
+                self.stats.requests[op.split("/")[1]] += 1
+                self.stats.per_worker[src] += 1
+
+                if header.op in (Op.PULL, Op.PUSH_PULL):
+                    reply = self._apply(header, src, payload, op)
+                    self._send(src, self._reply_ops(src, header.seq, reply), op, lose)
+                elif header.op == Op.SUM:
+                    next_round[src] += 1
+                    r = header.round
+                    if any(c <= r for c in closed_at.values()):
+                        self._send(src, self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
+                                   op, lose)
+                        continue
+                    rounds.setdefault(r, {})[src] = (header.seq, payload)
+                    if len(rounds[r]) == len(self.workers):
+                        self._finish_round(rounds.pop(r), op, lose)
+                else:  # BYE
+                    self._send(src, self._reply_ops(src, header.seq, None), op, lambda w: None)
+                    close(src)
+                    said_bye = True
+        finally:
+            inbox.close()
         return self.stats
 
     def _drain(self, raw: torch.Tensor, src: int) -> None:
@@ -333,19 +329,10 @@ class ParameterServer:
         except CommError:
             pass
 
-    def _receive(self, raw: torch.Tensor, src: int, open_workers: set[int], seq: int,
-                 round_: int, rounds: dict) -> tuple[Header, Payload]:
+    def _receive(self, raw: torch.Tensor, src: int, seq: int, round_: int, rounds: dict) -> tuple[Header, Payload]:
         """Check the header `raw` from `src` and receive its payload; ProtocolError on
         anything it does not understand or cannot trust."""
-        if src not in self.workers:
-            raise ProtocolError(f"refused header from rank {src}: field 'sender' = "
-                                f"{src}: not a worker of this server {self.workers}",
-                                peer=src, field="sender", value=src)
         header = decode(raw, src)
-        if src not in open_workers:
-            raise ProtocolError(f"refused header from rank {src}: field 'op' = "
-                                f"{header.op}: request after BYE", peer=src,
-                                field="op", value=header.op)
         if header.seq != seq:
             raise ProtocolError(
                 f"refused header from rank {src}: field 'seq' = {header.seq}: "
