@@ -80,7 +80,7 @@ def main():
     test_set = TensorDataset(*data.test.batch(torch.arange(len(data.test))))
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    if hetsync.serve_parameters(optimizer, model, mode=args.mode):
+    if hetsync.serve_parameters(optimizer, model, mode=args.mode, log_dir="runs"):
         return dist.destroy_process_group()  # this rank was the parameter server
     optimizer = hetsync.wrap(optimizer, model, mode=args.mode, log_dir="runs")
     sampler = DistributedSampler(train_set, optimizer.workers, optimizer.rank)

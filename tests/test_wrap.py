@@ -3,6 +3,8 @@ the servers it starts, and the one-line errors of its misuses — on real gloo p
 
 import difflib
 import io
+import json
+import math
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ from hetsync.telemetry.summarize import summarize
 from distributed import free_port, run_ranks
 
 STEPS = (12, 24, 36)   # each rank's own number of batches: uneven on purpose
+EVAL_S = 0.3           # an evaluation's time, mid-run
 
 
 def _task(rank: int, steps: int):
@@ -44,7 +47,8 @@ def _uneven(rank, world, mode, run_dir, collective="native"):
     torch.manual_seed(rank)   # different starting points: wrap makes them rank 0's
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    if hetsync.serve_parameters(optimizer, model, mode=mode, collective=collective):
+    if hetsync.serve_parameters(optimizer, model, mode=mode, collective=collective,
+                                run_dir=run_dir):
         return None
     x_all, y_all, loader = _task(rank, STEPS[rank])
     opt = hetsync.wrap(optimizer, model, mode=mode, timeout=60, run_dir=run_dir,
@@ -52,23 +56,31 @@ def _uneven(rank, world, mode, run_dir, collective="native"):
     start = _loss(model, x_all, y_all)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=15, gamma=0.7)
     for i, (x, y) in enumerate(loader):   # the README's own loop
+        opt.set_epoch(i // 6)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step(loss=loss.detach())
         schedule.step()
+        if i == 8:  # an evaluation mid-run, inside global_model() (every rank: SelSync's rule)
+            with opt.global_model():
+                time.sleep(EVAL_S)
+                opt.record_evaluation(test_acc=0.5, test_loss=_loss(model, x_all, y_all))
         if i == 5:  # a checkpoint mid-run, as the README says to write one
             saved = io.BytesIO()
             torch.save(opt.state_dict(), saved)
             saved.seek(0)
             assert "hetsync" in torch.load(saved, weights_only=True)
     last_step = time.time()
+    with opt.global_model():  # the end of this rank's epoch: the others are still training
+        before_finish = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     opt.finish()
     opt.record_evaluation(test_acc=0.5, test_loss=_loss(model, x_all, y_all))  # rank 0's
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     with opt.global_model():  # what an evaluation after the stop sees: the model as left
         evaluated = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"start": start, "end": _loss(model, x_all, y_all), "params": params,
-            "evaluated": evaluated,
+            "evaluated": evaluated, "before_finish": before_finish,
             "last_step": last_step, "finished": time.time(), "lr": opt.param_groups[0]["lr"]}
 
 
@@ -93,6 +105,8 @@ def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode,
         assert r["finished"] >= last
         torch.testing.assert_close(r["params"], results[0]["params"])
         torch.testing.assert_close(r["evaluated"], r["params"])
+    if mode in ("sync", "selsync"):  # nothing moved after the last rank's evaluation
+        torch.testing.assert_close(results[-1]["before_finish"], results[-1]["params"])
         # each rank's scheduler stepped its own batches' worth
         assert r["lr"] == pytest.approx(0.5 * 0.7 ** (STEPS[rank] // 15))
     # the run directory is what `hetsync summarize` and `plot` read
@@ -102,7 +116,20 @@ def test_uneven_shards_train_and_every_worker_ends_together_with_one_model(mode,
         assert w["slowdown"] == 1.0 + rank
         assert w["samples"] == 32 * STEPS[rank]
         assert w["compute_s"] > 0
-    assert (run_dir / "eval.jsonl").read_text().count("test_acc") == 1
+        records = [json.loads(line) for line in
+                   (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
+        assert all(r["compute_s"] >= 0 for r in records), records   # evaluation is not compute
+        trained = [r for r in records if r["local_steps"]]
+        assert all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in trained), trained
+        assert max(r["epoch"] for r in records) == (STEPS[rank] - 1) // 6
+    assert summary["utilisation"] <= 1.0, summary["utilisation"]
+    mid, final = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    # the evaluation under way when it was recorded is not training time
+    assert mid["t"] - mid["train_time"] >= EVAL_S, mid
+    assert final["train_time"] > mid["train_time"]
+    if world == 4:  # the parameter server's traffic and losses
+        ps = json.loads((run_dir / "ps.jsonl").read_text())
+        assert ps["lost"] == [] and ps["refused"] == [] and ps["bytes_recv"] > 0
     assert plot_runs([run_dir], tmp_path / "figures")
 
 
@@ -149,6 +176,35 @@ def _with_adamw(rank, world, mode):
     opt.finish()
     return start, _loss(model, x_all, y_all), steps, opt.round, torch.cat(
         [p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _rank_0_evaluates(rank, world):
+    torch.manual_seed(0)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="selsync",
+                       timeout=60, delta=0.0)   # (delta 0: every step votes to synchronise)
+    _, _, loader = _task(rank, STEPS[rank])
+    for i, (x, y) in enumerate(loader):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if rank == 0 and i in (3, len(loader) - 1):  # as a DDP script's rank-0 test
+            with opt.global_model():
+                pass
+    opt.finish()
+    if rank == 0:
+        with opt.global_model():  # after finish(): alone, as the others have left
+            after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return params, after if rank == 0 else params
+
+
+@pytest.mark.slow
+def test_selsync_lets_one_worker_evaluate_at_its_own_steps_with_uneven_data():
+    results = run_ranks(_rank_0_evaluates, 3, timeout=120)
+    for params, evaluated in results:
+        torch.testing.assert_close(params, results[0][0])
+        torch.testing.assert_close(evaluated, params)
 
 
 @pytest.mark.slow
@@ -229,6 +285,31 @@ def test_a_script_run_without_torchrun_is_told_it_trains_alone(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync").finish()
+
+
+@pytest.mark.parametrize("mode", ["sync", "esync-outer"])
+def test_an_evaluation_before_finish_is_neither_compute_nor_training_time(mode, monkeypatch,
+                                                                         tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode,
+                       run_dir=tmp_path / "run")
+    _, _, loader = _task(0, 4)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with opt.global_model():  # after the last step, before finish(): no step follows it
+        time.sleep(EVAL_S)
+        opt.record_evaluation(test_acc=0.5)
+    opt.finish()
+    records = [json.loads(line) for line in
+               (tmp_path / "run" / "worker-0.jsonl").read_text().splitlines()]
+    assert all(r["compute_s"] >= 0 for r in records), records
+    summary = summarize(tmp_path / "run")
+    assert summary["utilisation"] <= 1.0, summary["utilisation"]
+    evaluation = json.loads((tmp_path / "run" / "eval.jsonl").read_text())
+    assert evaluation["t"] - evaluation["train_time"] >= EVAL_S, evaluation
 
 
 def test_a_parameter_server_mode_refuses_an_optimizer_it_would_not_apply():

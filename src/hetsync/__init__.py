@@ -38,11 +38,13 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
             another mode's option is refused naming it.
 
     Returns a `hetsync.distributed_optimizer.DistributedOptimizer`: a `torch.optim.Optimizer`
-    with `step()`, `zero_grad()`, `param_groups`, `state_dict()`/`load_state_dict()` (the
-    mode's state included), `global_model()`, `record_evaluation(accuracy, loss)`,
-    `finish()`, and `workers`, `rank` (this worker's place among them, for a sampler),
-    `round` and `mode`. (The module is not called `wrap`: importing it would rebind this
-    name.)"""
+    with `step()` (`step(loss=loss)` records the loss), `zero_grad()`, `param_groups`,
+    `state_dict()`/`load_state_dict()` (the mode's state included), `global_model()`,
+    `record_evaluation(accuracy, loss)`, `set_epoch(epoch)`, `finish()`, and `workers`,
+    `rank` (this worker's place among them, for a sampler), `run_dir`, `round` and `mode`.
+    `help(hetsync.distributed_optimizer.DistributedOptimizer)` says what each does and
+    lists every mode's options with their defaults. (The module is not called `wrap`:
+    importing it would rebind this name.)"""
     from hetsync.distributed_optimizer import wrap as _wrap
 
     return _wrap(optimizer, model, mode, **kwargs)
@@ -59,8 +61,9 @@ def serve_parameters(optimizer, model, mode: str = "async", **kwargs) -> bool:
 
     Args: `optimizer` (its rate is the server's), `model` (the server starts from its
     weights), `mode`, and as `wrap`: `collective`, `ps_rank` (default: the last rank),
-    `timeout`, and the mode's `**options` (a server rule's, e.g. `dcasgd_lambda=0.04`,
-    `buffer_size=2`)."""
+    `timeout`, `run_dir`/`log_dir` (the server writes `ps.jsonl`, its traffic, refusals and
+    losses, into the run's directory) and the mode's `**options` (a server rule's, e.g.
+    `dcasgd_lambda=0.04`, `buffer_size=2`)."""
     from hetsync.distributed_optimizer import serve_parameters as _serve
 
     return _serve(optimizer, model, mode, **kwargs)

@@ -65,9 +65,22 @@ PEER_FAILURES = (CommError, dist.DistBackendError)
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
-    """The wrapped optimizer (see the module docstring): `step()`, `zero_grad()`,
-    `param_groups`, `state_dict()` (the optimizer's, with the mode's under ``"hetsync"``),
-    `finish()`; `round`, `clock` (seconds waiting and communicating) and `mode`."""
+    """The wrapped optimizer (see the module docstring and `hetsync.wrap`'s arguments).
+
+    - ``step(closure=None, *, loss=None)``, ``zero_grad()``, ``param_groups``,
+      ``state_dict()`` (the optimizer's, with the mode's under ``"hetsync"``),
+      ``load_state_dict()``: a torch optimizer's (``loss``: the step's, for the records);
+    - ``workers``, ``rank``: how many workers train and this one's rank among them (for a
+      sampler: ``DistributedSampler(data, opt.workers, opt.rank)``);
+    - ``global_model()``: a context in which the model holds the global weights; evaluate
+      inside it, on any worker, at any step; its time is not training time;
+    - ``record_evaluation(test_acc, test_loss=None)``: rank 0 appends it to ``eval.jsonl``,
+      stamped with the training time so far;
+    - ``set_epoch(epoch)``: the epoch of the next steps, for the records;
+    - ``finish()``: the agreed stop; every worker ends with what ``global_model()`` shows;
+    - ``run_dir`` (where the records go, or None), ``round``, ``clock`` (seconds waiting
+      and communicating), ``mode``.
+    """
 
     #: GradScaler hands its scale and overflow flag to `step` instead of skipping it
     _step_supports_amp_scaling = True
@@ -113,21 +126,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if spec.state_server and state_server is None:
             self._state_server, state_server, token = _start_state_server(
                 rank, workers, store, prefix)
+        if log_dir is not None and run_dir is None:  # (named first: a parameter server
+            # waits for the name before it serves the model the assembly pulls)
+            run_dir = _new_run_dir(log_dir, f"{spec.name}-{type(model).__name__.lower()}",
+                                   rank, store, prefix)
         self.assembly = None
         try:
             self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
                                      group=group, collective=collective, timeout=timeout,
                                      state_server=state_server or ("127.0.0.1", 10010),
                                      state_token=token, ps_rank=ps_rank, slowdown=slowdown)
-            self._connect(spec, model, rank, workers, store, prefix, run_dir, log_dir,
-                          slowdown=slowdown, collective=collective, options=opts,
-                          timeout=timeout)
+            self._connect(model, rank, workers, store, prefix, run_dir, slowdown=slowdown,
+                          collective=collective, options=opts, timeout=timeout)
         except BaseException:  # nothing left running behind a one-line error
             self._close(wait=False)
             raise
 
-    def _connect(self, spec, model, rank: int, workers: int, store, prefix: str, run_dir,
-                 log_dir, **record) -> None:
+    def _connect(self, model, rank: int, workers: int, store, prefix: str, run_dir,
+                 **record) -> None:
         """The stop's bookkeeping and the records, once the mode is assembled."""
         self.mode = self.assembly.mode
         common_round = workers > 1 and self.mode.control is not ControlPath.STORE
@@ -136,9 +152,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         #: a mode whose sums do not count their contributors (a plugin's): the joined are
         #: counted by a one-float all-reduce after every round instead
         self._count_joined = common_round and not self.mode.counts_contributors
-        if log_dir is not None and run_dir is None:
-            run_dir = _new_run_dir(log_dir, f"{spec.name}-{type(model).__name__.lower()}",
-                                   rank, store, prefix)
         #: where this run's records go (`run_dir`, or a new one under `log_dir`), or None
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
@@ -209,13 +222,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return f"hetsync.wrap({self.optimizer!r}, mode={self.mode.name!r})"
 
-    def step(self, closure=None):
+    def step(self, closure=None, *, loss=None):
         """The mode's step: emulated slowdown, decide, then the local update and whatever
-        communication the decision needs (the time since the last step is this step's)."""
+        communication the decision needs (the time since the last step is this step's).
+
+        Args:
+            closure: recomputes the loss and returns it, as for any torch optimizer.
+            loss: this step's loss (a float or a tensor), for the records' ``loss``
+                (``scaler.step(opt, loss=loss)`` passes it through GradScaler)."""
         if self._finished:
             raise RuntimeError("step() after finish(): this wrapped optimizer has ended "
                                "(wrap a new one to train on)")
-        loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
@@ -271,14 +288,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def global_model(self):
         """A context in which the model holds the global weights: evaluate inside it (ESync
         applies its sums in the background and keeps its local steps apart meanwhile; in
-        SelSync every worker must enter it). Its time is evaluation, not training."""
-        started = time.perf_counter()
+        SelSync it is a round of the workers' lockstep, which the others take part in from
+        their steps or from `finish()`). Its time is evaluation, not training."""
+        if self._recorder is not None:
+            self._recorder.evaluating()
         try:
             with self.mode.global_model():
                 yield
         finally:
             if self._recorder is not None:
-                self._recorder.evaluated(time.perf_counter() - started)
+                self._recorder.evaluated()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next steps belong to, for the records' ``epoch`` (call it where
+        you call ``DistributedSampler.set_epoch``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}): expected an int >= 0")
+        if self._recorder is not None:
+            self._recorder.epoch = epoch
 
     def record_evaluation(self, test_acc: float, test_loss: float | None = None) -> None:
         """Rank 0 (with `run_dir`): append an evaluation of the global model to
@@ -408,6 +435,8 @@ class RunRecorder:
                 self.ranks = [json.loads(store.get(key)) for key in keys]
         self.t0, self.start_time = time.perf_counter(), time.time()
         self.eval_total, self.epoch = 0.0, 0
+        self._evaluating: float | None = None   # when the evaluation under way began
+        self._eval_since_step = 0.0             # evaluation inside the next step's time
         self.round = RoundAccount()
         self.info = {
             "run_name": self.dir.name, "mode": mode.name, "mode_info": mode.describe(),
@@ -441,7 +470,9 @@ class RunRecorder:
         update less the waiting and communicating in it); record the round it ended."""
         clock, rnd = self.mode.comm.clock, self.round
         now, total = time.perf_counter(), clock.total()
-        rnd.compute += (ended - started) + (now - applying) - (total - applied_waited)
+        user = ended - started - self._eval_since_step  # (an evaluation between steps)
+        self._eval_since_step = 0.0
+        rnd.compute += user + (now - applying) - (total - applied_waited)
         rnd.steps += 1
         rnd.loss_sum += float(loss) if loss is not None else float("nan")
         if finished_round is not None:
@@ -449,15 +480,24 @@ class RunRecorder:
                                           self.eval_total, self.epoch))
             self.round = RoundAccount(self.eval_total)
 
-    def evaluated(self, seconds: float) -> None:
-        """`seconds` spent evaluating (in `global_model()`): not training, not compute."""
+    def evaluating(self) -> None:
+        """An evaluation (`global_model()`) begins: from now on, not training time."""
+        self._evaluating = time.perf_counter()
+
+    def evaluated(self) -> None:
+        """It ended: its time is evaluation, neither training nor the next step's compute."""
+        seconds = time.perf_counter() - self._evaluating
+        self._evaluating = None
         self.eval_total += seconds
-        self.round.compute -= seconds
+        self._eval_since_step += seconds
 
     def train_time(self) -> float:
+        """Seconds since the start, less every evaluation (the one under way too)."""
         if self.ended is not None:
             return self.ended
-        return time.perf_counter() - self.t0 - self.eval_total
+        now = time.perf_counter()
+        under_way = now - self._evaluating if self._evaluating is not None else 0.0
+        return now - self.t0 - self.eval_total - under_way
 
     def evaluation(self, test_acc: float, test_loss: float | None) -> None:
         """Rank 0: one line of eval.jsonl (also after `finish`: the final model's)."""
@@ -490,9 +530,10 @@ class RunRecorder:
                 else 0.0})
 
 
-def _new_run_dir(log_dir, name: str, rank: int, store, prefix: str) -> Path:
-    """`log_dir`/NAME-TIME, named by rank 0 and told to the others through the store."""
-    if rank == 0:
+def _new_run_dir(log_dir, name: str | None, rank: int, store, prefix: str) -> Path:
+    """`log_dir`/NAME-TIME, named by the workers' rank 0 and told to the others (and the
+    parameter server: `name` None) through the store."""
+    if rank == 0 and name is not None:
         run = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         if store is not None:
             store.set(f"{prefix}/run-name", run)
@@ -581,19 +622,32 @@ def _start_state_server(rank: int, workers: int, store, prefix: str):
 
 def serve_parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                      mode: str = "async", *, collective: str = "native",
-                     ps_rank: int | None = None, timeout: float = 120.0, **options) -> bool:
-    """Run the parameter server of `mode`, if this process is its rank (the last, unless
-    `ps_rank` says otherwise) and the mode needs one: serve the workers until every one has
-    finished and return True. Otherwise return False at once. Call it with the same
-    arguments as `hetsync.wrap`, before it:
+                     ps_rank: int | None = None, timeout: float = 120.0, run_dir=None,
+                     log_dir=None, **options) -> bool:
+    """Run the parameter server of `mode`, if this process is its rank and the mode needs
+    one: serve the workers until every one has finished and return True. Otherwise return
+    False at once. Call it on every rank with the arguments you give `hetsync.wrap`, before
+    it:
 
-        if hetsync.serve_parameters(optimizer, model, mode="async"):
+        if hetsync.serve_parameters(optimizer, model, mode="async", log_dir="runs"):
             return   # this process was the server
-        opt = hetsync.wrap(optimizer, model, mode="async")
+        opt = hetsync.wrap(optimizer, model, mode="async", log_dir="runs")
 
     The server starts from this process's model (the workers pull it) and applies the
-    mode's rule at the optimizer's learning rate."""
-    from hetsync.runtime.assembly import parameter_server
+    mode's rule at the optimizer's learning rate.
+
+    Args:
+        optimizer, model: as for `hetsync.wrap` (the rate is the optimizer's first group's).
+        mode: a mode with a parameter server (async, dcasgd, async-local-sgd, fedbuff, gd,
+            dgc, dgs), or any mode with ``collective="ps"``; otherwise this returns False.
+        collective: as for `hetsync.wrap`.
+        ps_rank: the server's rank (default: the last of the world).
+        timeout: seconds to wait for any one request (a silent worker is lost after it).
+        run_dir, log_dir: as for `hetsync.wrap`: the server writes its traffic, refusals
+            and losses as ``ps.jsonl`` into the run's directory (with ``log_dir``, the one
+            rank 0 names).
+    """
+    from hetsync.runtime.assembly import parameter_server, serve_and_record
 
     spec = registry.get(mode)
     if not spec.needs_parameter_server(collective) or not dist.is_initialized():
@@ -602,13 +656,25 @@ def serve_parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
     if dist.get_rank() != ps_rank:
         return False
     spec.worker.check_optimizer(optimizer)
+    DistributedOptimizer._made += 1  # (the workers count their `wrap`: the same prefix)
+    if log_dir is not None and run_dir is None:  # the name rank 0 gives the run
+        store = dist.distributed_c10d._get_default_store()
+        run_dir = _new_run_dir(log_dir, None, ps_rank, store,
+                               f"hetsync/wrap/{DistributedOptimizer._made}")
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
     workers = [r for r in range(dist.get_world_size()) if r != ps_rank]
-    parameter_server(spec, spec.make_options(options), model,
-                     optimizer.param_groups[0]["lr"], workers, timeout).serve()
+    serve_and_record(parameter_server(spec, spec.make_options(options), model,
+                                      optimizer.param_groups[0]["lr"], workers, timeout),
+                     run_dir)
     return True
 
 
 def wrap(optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str = "esync",
          **kwargs) -> DistributedOptimizer:
-    """Wrap `optimizer` so that `step()` runs `mode` (see `DistributedOptimizer`)."""
+    """Wrap `optimizer` so that `step()` runs `mode` (see `hetsync.wrap`)."""
     return DistributedOptimizer(optimizer, model, mode, **kwargs)
+
+
+DistributedOptimizer.__doc__ += "\n    Modes and their options (name = default: meaning):\n\n" + \
+    registry.options_doc(indent=" " * 4)

@@ -312,7 +312,9 @@ class Mode:
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless
         the mode keeps local progress apart from them). Where `collective_global_model` is
-        set, making them is a collective: every worker enters the context."""
+        set, making them takes the others' part (SelSync: a round of its lockstep, which
+        the others' steps take part in); the training loop has every worker enter it at the
+        same round."""
         return nullcontext()
 
     def describe(self) -> dict[str, Any]:

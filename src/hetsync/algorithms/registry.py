@@ -213,6 +213,20 @@ def names(*, baseline: bool | None = None) -> tuple[str, ...]:
     return tuple(s.name for s in specs() if baseline is None or s.baseline == baseline)
 
 
+def options_doc(indent: str = "") -> str:
+    """hetsync's own modes (not PyTorch's baselines) with their options, for docstrings:
+    one line per mode, then one per option: ``name = default: help``."""
+    lines = []
+    for spec in specs():
+        if spec.baseline:
+            continue
+        lines.append(f"{indent}{spec.name}: {spec.summary}")
+        for f in spec.option_fields():
+            default = f.default if f.default is not dataclasses.MISSING else "(required)"
+            lines.append(f"{indent}    {f.name} = {default!r}: {f.metadata.get('help', '')}")
+    return "\n".join(lines) + "\n"
+
+
 def import_plugins(modules) -> None:
     """Import each module named in ``modules`` (they register modes); ValueError naming one
     that cannot be imported."""

@@ -100,6 +100,8 @@ class SelSync(Mode):
         self.synced = False   # whether the last step synchronised
         self._vote = False
         self.synced_steps = 0
+        self._global: torch.Tensor | None = None  # the last round's global sum / P
+        self._ended = False                        # `finish` averaged every model
 
     def setup(self) -> None:
         self.broadcast_model()
@@ -119,36 +121,64 @@ class SelSync(Mode):
         return Action.VOTE
 
     def apply(self, action: Action) -> None:
-        # [votes, contributors]: a worker that has joined (hetsync.wrap) votes no, sends
-        # zeros and is not counted in the mean; it takes the mean of the others
-        votes = self.comm.barrier(torch.tensor([float(self._vote and not self.joined),
-                                                float(not self.joined)]), phase="comm")
-        self.synced = bool(votes[0] > 0)
-        self.contributors = count = int(votes[1])
-        params = self.parameters()
-        if self.synced and self.options.aggregate == "gradients":
-            grads = flatten(gradients(params))
-            summed = self.comm.all_reduce(grads if not self.joined else grads * 0)
-            set_gradients(summed / count, params)
-        elif self.synced:  # average the parameters, then the local step (as the code does)
-            local = flatten(params)
-            summed = self.comm.all_reduce(local if not self.joined else local * 0)
-            unflatten_into(summed / count, params)
+        self._exchange(contributes=not self.joined)
         if not self.joined:
             self.optimizer.step()
         self.steps += 1
         self.synced_steps += self.synced
         self.round += 1
 
+    def _exchange(self, contributes: bool, evaluates: bool = False,
+                  phase: str = "comm") -> None:
+        """One round of the workers' lockstep, as every worker takes part in it:
+
+        1. Sum [votes, contributors, evaluators]. A worker that has joined (hetsync.wrap) or
+           that evaluates this round votes no and is not counted in the mean.
+        2. If any voted: average the contributors' parameters (or gradients); the others
+           send zeros and take the mean.
+        3. If any evaluates (`global_model`, also on a worker whose data has run out):
+           every worker sends its model for the global model's sum (`_global_sum`).
+        """
+        votes = self.comm.barrier(torch.tensor([float(self._vote and contributes),
+                                                float(contributes), float(evaluates)]),
+                                  phase=phase)
+        self.synced = bool(votes[0] > 0)
+        count = int(votes[1])
+        self.contributors = count + int(votes[2])  # (an evaluating worker has not finished)
+        params = self.parameters()
+        if self.synced and self.options.aggregate == "gradients":
+            grads = flatten(gradients(params))
+            summed = self._sum(grads if contributes else grads * 0, phase)
+            set_gradients(summed / count, params)
+        elif self.synced:  # average the parameters, then the local step (as the code does)
+            local = flatten(params)
+            summed = self._sum(local if contributes else local * 0, phase)
+            unflatten_into(summed / count, params)
+        if votes[2] > 0:
+            self._global = self._sum(flatten(self._model_parts()), phase) / self.comm.workers
+
+    def _sum(self, buffer: torch.Tensor, phase: str) -> torch.Tensor:
+        with self.comm.clock.phase(phase):
+            return self.comm.reduce(buffer, self.comm.group)
+
+    def _model_parts(self) -> list[torch.Tensor]:
+        return self.parameters() + bn_statistics(self.model)
+
     @contextmanager
     def global_model(self) -> Iterator[None]:
-        """Hold the workers' average (parameters and BatchNorm statistics) meanwhile: one
-        all-reduce, which every worker enters."""
-        parts = self.parameters() + bn_statistics(self.model)
-        local = flatten(parts)
-        if self.comm.workers > 1:  # untimed here: the loop counts it as evaluation
-            summed = self.comm.reduce(flatten(parts), self.comm.group)
-            unflatten_into(summed / self.comm.workers, parts)
+        """Hold the workers' average (parameters and BatchNorm statistics) meanwhile. It is
+        made in a round of the workers' lockstep (`_exchange`) in which this worker
+        evaluates instead of stepping; the others take part from their step, or from
+        `finish` once their data has run out. So one worker may evaluate alone, or each at
+        its own step (uneven epochs). After `finish` every model is the average already. A
+        departure from the paper's code, which evaluates outside training."""
+        parts = self._model_parts()
+        lockstep = self.comm.workers > 1 and not self._ended  # (after `finish`: all equal)
+        if lockstep:  # timed as evaluation (the loop counts it so)
+            self._exchange(contributes=False, evaluates=True, phase="eval")
+        local = flatten(parts)  # (after the round's synchronisation, if any: it is kept)
+        if lockstep:
+            unflatten_into(self._global, parts)
         try:
             yield
         finally:
@@ -159,8 +189,9 @@ class SelSync(Mode):
         user saves after `hetsync.wrap`'s `finish()` is the one evaluated (every worker is
         here, after the agreed stop)."""
         if self.comm.workers > 1:
-            parts = self.parameters() + bn_statistics(self.model)
+            parts = self._model_parts()
             unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
+        self._ended = True
         super().finish()
 
     def round_record(self) -> dict[str, Any]:

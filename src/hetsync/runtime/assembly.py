@@ -16,7 +16,10 @@ optimizer, `assemble` connects what the mode needs and returns it ready to train
 from __future__ import annotations
 
 import functools
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,3 +124,26 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
                            linger=min(timeout, 30.0), known_lost=lost)
+
+
+def serve_and_record(server, run_dir: Path | None):
+    """Serve until every worker has finished; say on stderr whom the server refused or
+    lost, and write its traffic, refusals and losses as `ps.jsonl` into `run_dir` (if
+    any). Returns the server's stats."""
+    from hetsync.comm import meter
+    from hetsync.telemetry.recorder import JsonlWriter
+
+    start = time.perf_counter()
+    stats = server.serve()
+    sent, recv = meter.totals()
+    for refusal in stats.refused:
+        print(f"parameter server: {refusal['error']}; rank {refusal['rank']} is served no "
+              f"more", file=sys.stderr, flush=True)
+    if stats.lost:
+        print(f"parameter server: rank(s) {stats.lost} never said goodbye (lost)",
+              file=sys.stderr, flush=True)
+    if run_dir is not None:
+        with JsonlWriter(Path(run_dir) / "ps.jsonl") as out:
+            out.write({"t": time.perf_counter() - start, "bytes_sent": sent,
+                       "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost})
+    return stats

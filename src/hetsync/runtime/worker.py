@@ -21,7 +21,7 @@ import torch.distributed as dist
 import hetsync
 from hetsync.config import Config, ConfigError
 from hetsync.runtime import checkpoint, evaluation
-from hetsync.runtime.assembly import assemble, device_label, parameter_server
+from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
 from hetsync.runtime.emulation import nominal_speed
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
@@ -317,22 +317,8 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
 
 def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:
     """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
-    from hetsync.comm import meter
-
-    server = parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
-                              list(range(cfg.workers)), cfg.timeout)
-    start = time.perf_counter()
-    stats = server.serve()
-    sent, recv = meter.totals()
-    for refusal in stats.refused:
-        print(f"parameter server: {refusal['error']}; rank {refusal['rank']} is served no "
-              f"more", file=sys.stderr, flush=True)
-    if stats.lost:
-        print(f"parameter server: rank(s) {stats.lost} never said goodbye (lost)",
-              file=sys.stderr, flush=True)
-    with JsonlWriter(run_dir / "ps.jsonl") as out:
-        out.write({"t": time.perf_counter() - start, "bytes_sent": sent, "bytes_recv": recv,
-                   "refused": stats.refused, "lost": stats.lost})
+    serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
+                                      list(range(cfg.workers)), cfg.timeout), run_dir)
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
