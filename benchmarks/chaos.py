@@ -16,7 +16,8 @@ worker (rank 0 too); the others are resumed from their last checkpoint by `launc
 (`--max-restarts`). Each run is judged by what a user would check: `launch` exits 0 (not
 lost), within its budget plus the restarts' cost (not hung: `--timeout` bounds every wait),
 one accuracy curve (no training time twice in `eval.jsonl`) to the budget, a complete
-summary, and the final accuracy against the undisturbed run's. The table goes to stdout and,
+summary, the data ledger's batches drawn twice and skipped, and the final accuracy against
+the undisturbed run's. The table goes to stdout and,
 with `--out`, to a Markdown file.
 
     .venv/bin/python benchmarks/chaos.py --modes esync-outer,async,sync --seeds 0,1 \\
@@ -120,6 +121,7 @@ class Outcome:
     one_curve: bool = False
     complete: bool = False
     reached_budget: bool = False
+    ledger: dict | None = None   # summary.json's data ledger
 
 
 def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
@@ -186,13 +188,19 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
     out.final = summary.get("final_accuracy")
     out.complete = bool(summary.get("complete"))
     out.lost = summary.get("lost_workers") or []
+    out.ledger = summary.get("ledger")
     return out
+
+
+def _ledger(ledger: dict | None) -> str:
+    return "-" if not ledger else f"{ledger['batches_twice']} / {ledger['batches_skipped']}"
 
 
 def table(outcomes: list[Outcome], budget: float) -> str:
     rows = ["| mode | seed | run | events applied | launch exit | wall s | restarts | lost "
-            "workers | one curve to the budget | complete | final accuracy | vs undisturbed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "workers | one curve to the budget | complete | batches twice / skipped | final accuracy "
+            "| vs undisturbed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     calm = {(o.mode, o.seed): o.final for o in outcomes if not o.chaos}
     for o in outcomes:
         ref = calm.get((o.mode, o.seed))
@@ -204,6 +212,7 @@ def table(outcomes: list[Outcome], budget: float) -> str:
                     f"{','.join(map(str, o.lost)) or '-'} | "
                     f"{'yes' if o.one_curve and o.reached_budget else 'NO'} | "
                     f"{'yes' if o.complete else 'NO'} | "
+                    f"{_ledger(o.ledger)} | "
                     f"{'' if o.final is None else f'{o.final:.4f}'} | {delta} |")
     chaos = [o for o in outcomes if o.chaos]
     lost = sum(o.code != 0 for o in chaos)

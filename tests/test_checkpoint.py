@@ -156,6 +156,8 @@ def _evals(run_dir: Path) -> list[dict]:
                   key=lambda e: e["train_time"])
 
 
+#: the families that go on without the killed worker by regrouping (dropping a round)
+REGROUPING = {"esync", "eager-solo", "esync-outer-rank-0"}
 FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SGD's partial
     # all-reduce, a parameter server
     "sync": ["-m", "sync", "--workers", "2", "--slowdowns", "1,2"],
@@ -285,6 +287,11 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"])
     assert summary["complete"]
+    # the data ledger: no batch drawn twice across the kill and the resume (a regroup's
+    # dropped round shows as skipped; the others skip none)
+    assert summary["ledger"]["batches_twice"] == 0, summary["ledger"]
+    if family not in REGROUPING:
+        assert summary["ledger"]["batches_skipped"] == 0, summary["ledger"]
     if budget:  # the lost rank trained again in the resumed run
         assert _rounds(run, victim)[-1] > lost_at + 2, (_rounds(run, victim), lost_at)
         if family != "async":  # restarted in the leader's checkpoint, written without it
@@ -382,3 +389,16 @@ def test_a_resumed_run_keeps_what_its_checkpoints_depend_on(tmp_path, capsys):
     assert main(["launch", "--resume", str(run), "-m", "esync"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mode 'esync' differs from the run's 'sync'" in err[0]
+
+
+def test_a_resumed_run_refuses_a_changed_mode_option_it_would_not_apply(tmp_path, capsys):
+    from hetsync.cli import main
+    from hetsync.config import Config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    Config(mode="esync-outer", workers=2, slowdowns=(1.0, 2.0),
+           options={"global_lr": 0.7}).save(run / "config.json")
+    assert main(["launch", "--resume", str(run), "-gl", "0.3"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--global-lr 0.3 differs from the run's 0.7" in err[0], err

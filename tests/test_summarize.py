@@ -371,3 +371,24 @@ def test_targets_are_read_by_the_runs_figure_of_merit(tmp_path, capsys):
     assert "time to loss <= 2.0: 4.0s  1.5: 8.0s" in out and "final loss 1.4000" in out
     s = json.loads((loss_run / "summary.json").read_text())
     assert s["metric"] == "test_loss" and s["best_loss"] == 1.4
+
+
+def test_the_data_ledger_counts_batches_drawn_twice_skipped_and_left():
+    from hetsync.telemetry.ledger import run_ledger
+
+    clean = [{"drawn": [[0, 0, 4]], "epoch_batches": 6},
+             {"drawn": [[0, 4, 6], [1, 0, 1]], "epoch_batches": 6}]
+    # a resume that redrew batch 3, and a round whose batches 1-2 of epoch 1 were dropped
+    faulty = [{"drawn": [[0, 0, 4]], "epoch_batches": 6},
+              {"drawn": [[0, 3, 6], [1, 0, 1]], "epoch_batches": 6},
+              {"drawn": [[1, 3, 4]], "epoch_batches": 6}]
+    short = [{"drawn": [[0, 0, 5]], "epoch_batches": 6}, {"drawn": [[1, 0, 6]]}]
+    led = run_ledger({0: clean, 1: faulty, 2: short, 3: [{"round": 1}]})
+    per = led["per_worker"]
+    assert per["0"] == {"epochs": 2, "batches_twice": 0, "batches_skipped": 0,
+                        "batches_left_in_last_epoch": 5, "epoch_batches": 6}
+    assert per["1"]["batches_twice"] == 1 and per["1"]["batches_skipped"] == 2
+    assert per["1"]["batches_left_in_last_epoch"] == 2
+    assert per["2"]["batches_skipped"] == 1       # epoch 0's last batch, never drawn
+    assert "3" not in per                         # no draws recorded (hetsync.wrap's)
+    assert (led["batches_twice"], led["batches_skipped"]) == (1, 3)

@@ -125,6 +125,15 @@ def _check_resumable(saved: Config, cfg: Config, run_dir: str) -> None:
                               f"{getattr(cfg, name)!r} differs from the run's "
                               f"{getattr(saved, name)!r}; a resumed run keeps it (the time "
                               f"budget, epochs and evaluation may change)")
+    # The mode's options made the state its checkpoint holds (an outer optimizer's rate and
+    # momentum are in its state dict): changed, they would be recorded but not applied.
+    now, then = cfg.mode_options(), saved.mode_options()
+    for f in cfg.spec.option_fields():
+        if getattr(now, f.name) != getattr(then, f.name):
+            flag = f.metadata.get("flags", (f"--{f.name.replace('_', '-')}",))[-1]
+            raise ConfigError(f"--resume {run_dir}: {flag} {getattr(now, f.name)!r} differs "
+                              f"from the run's {getattr(then, f.name)!r}; a resumed run keeps "
+                              f"its mode's options (its checkpoint holds the state they made)")
 
 
 def cmd_worker(args) -> int:

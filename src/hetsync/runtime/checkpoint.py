@@ -194,14 +194,16 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
 
 
 def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
-                       own_newest: int | None) -> dict:
+                       own_newest: int | None, reached: dict[str, int] | None = None) -> dict:
     """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
     its `leader`'s file of `index` (round, loop counters, mode state) with no optimizer
-    state and the data position of the rank's own newest checkpoint `own_newest` (None: its
-    start). The mode's `restart_state` keeps of the leader's state only what the workers
-    share."""
+    state, and the data position `reached` (where the rank's recorded draws end: the work
+    before its loss went into the global model it restarts from, so its batches are not
+    drawn again), else that of its own newest checkpoint `own_newest`, else its start. The
+    mode's `restart_state` keeps of the leader's state only what the workers share."""
     peer = load(file_of(run_dir, index, leader))
-    data = (load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
+    data = (reached if reached is not None else
+            load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
             else {"epoch": 0, "batch": 0})
     peer.pop("global", None)
     return {**peer, "rank": rank, "optimizer": None, "data": data, "restarted": True}

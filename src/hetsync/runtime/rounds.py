@@ -30,6 +30,17 @@ class RoundAccount:
     loss_sum: float = 0.0
     steps: int = 0
     samples: int = 0
+    #: the data ledger: [epoch, first batch, end batch) ranges of the worker's shard that
+    #: this round drew (`draw`); a record's `drawn` (docs/design.md, "The data ledger")
+    drawn: list[list[int]] = field(default_factory=list)
+
+    def draw(self, epoch: int, batch: int) -> None:
+        """Batch `batch` (0-based) of the shard's epoch `epoch` was drawn."""
+        last = self.drawn[-1] if self.drawn else None
+        if last is not None and last[0] == epoch and last[2] == batch:
+            last[2] += 1
+        else:
+            self.drawn.append([epoch, batch, batch + 1])
 
     def record(self, mode, rank: int, round_: int, t0: float, eval_total: float,
                epoch: int) -> dict[str, Any]:
@@ -46,4 +57,5 @@ class RoundAccount:
             "eval_s": eval_total - self.eval_total, "bytes_sent": sent - self.meter[0],
             "bytes_recv": recv - self.meter[1],
             "loss": self.loss_sum / self.steps if self.steps else float("nan"),
-            "lr": mode.lr, "epoch": epoch, **mode.round_record()}
+            "lr": mode.lr, "epoch": epoch, **({"drawn": self.drawn} if self.drawn else {}),
+            **mode.round_record()}

@@ -104,6 +104,10 @@ class TrainingLoop:
         self._checkpoint_due = False
         self._global_state: dict | None = None  # the leader: the global model at the due point
         self._position = (0, 0)                 # data position: (epoch, batches of it taken)
+        self._unrecorded: list[list[int]] = []  # (see `restore`)
+        # the shard's batches per epoch, for the data ledger (an injecting sampler wraps it)
+        self._epoch_batches = getattr(getattr(batches, "sampler", batches),
+                                      "batches_per_epoch", None)
         self._last_recorded = 0
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
@@ -278,12 +282,15 @@ class TrainingLoop:
         epoch, batch = checkpoint["data"]["epoch"], checkpoint["data"]["batch"]
         self.batches.resume_at(epoch, batch)
         self._position = (epoch, batch)
+        # drawn in a round cut short by the stop: the resumed first round's record has them
+        self._unrecorded = [list(map(int, r)) for r in checkpoint["data"].get("drawn", ())]
 
     def _checkpoint_after(self, train_time: float) -> float:
         """When an asynchronous mode's worker > 0 writes its next checkpoint."""
         return train_time + self.cfg.checkpoint_every * self.cfg.eval_interval
 
-    def _write_checkpoint(self, st: LoopState) -> None:
+    def _write_checkpoint(self, st: LoopState, unrecorded: list[list[int]] = ()) -> None:
+        """`unrecorded`: the batches drawn in a round the stop cut short (the ledger's)."""
         if self.snapshots is not None:  # the snapshots before the checkpoint are on disk
             self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
@@ -297,7 +304,8 @@ class TrainingLoop:
                  # written without these ranks' files: a resume restarts them (checkpoint.py)
                  "lost": list(self.membership.lost) if self.membership is not None else [],
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
-                 "data": {"epoch": self._position[0], "batch": self._position[1]},
+                 "data": {"epoch": self._position[0], "batch": self._position[1],
+                          "drawn": [list(r) for r in unrecorded]},
                  "loop": {"t": now - st.t0, "eval_total": st.eval_total,
                           "train_time": st.train_time(now), "samples_seen": st.samples_seen,
                           "last_eval_train_time": st.last_eval_train_time,
@@ -328,11 +336,12 @@ class TrainingLoop:
         timer = comm.timer
         st = self._loop_state(t0)
         mode.module.train()
-        rnd = RoundAccount(st.eval_total)
+        rnd = RoundAccount(st.eval_total, drawn=self._unrecorded)
         comm.clock.take()
         for epoch, idx in self.batches:
             self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
                               else (epoch, 1))
+            rnd.draw(epoch, self._position[1] - 1)
             started, waited = timer.begin(), comm.clock.total()
             self._schedule_lr(st, started)
             x, y = self.train_set.batch(idx)
@@ -367,7 +376,7 @@ class TrainingLoop:
             self._regroup(st, err)
             mode.finish()
         if self._checkpoint_due:  # a stop agreed mid-round (background, store)
-            self._write_checkpoint(st)
+            self._write_checkpoint(st, unrecorded=rnd.drawn)
         return st
 
     def _communicate(self, st: LoopState, rnd: RoundAccount,
@@ -428,8 +437,10 @@ class TrainingLoop:
 
     def _record(self, round_: int, rnd: RoundAccount, st: LoopState, epoch: int) -> None:
         self._last_recorded = round_
-        self.recorder.write(rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total,
-                                       epoch))
+        record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
+        if rnd.drawn and self._epoch_batches is not None:
+            record["epoch_batches"] = self._epoch_batches
+        self.recorder.write(record)
 
 
 def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

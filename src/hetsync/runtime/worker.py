@@ -25,7 +25,9 @@ from hetsync.runtime.assembly import assemble, device_label, parameter_server, s
 from hetsync.runtime.emulation import nominal_speed
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
+from hetsync.telemetry import ledger
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
+from hetsync.telemetry.runlog import read_jsonl
 
 
 def _env_int(name: str, default: int) -> int:
@@ -276,8 +278,10 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if is_server:
         own = None
     elif rank in restarted:
-        own = checkpoint.for_restarted_rank(run_dir, index, rank, leader,
-                                            lists[rank][0] if lists[rank] else None)
+        records = run_dir / f"worker-{rank}.jsonl"
+        own = checkpoint.for_restarted_rank(
+            run_dir, index, rank, leader, lists[rank][0] if lists[rank] else None,
+            reached=ledger.reached(read_jsonl(records)) if records.is_file() else None)
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))

@@ -51,6 +51,15 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
     print(f"{final} after {s['rounds']} rounds"
           + (f" | synchronised steps {s['synced_fraction']:.1%}"
              if s.get("synced_fraction") is not None else ""), file=stream)
+    if s.get("ledger"):
+        led = s["ledger"]
+        print(f"data ledger: {led['batches_twice']} batch(es) drawn twice, "
+              f"{led['batches_skipped']} skipped"
+              + "".join(f"; rank {r}: {w['batches_left_in_last_epoch']} of epoch "
+                        f"{w['epochs'] - 1}'s {w['epoch_batches']} not drawn"
+                        for r, w in led["per_worker"].items()
+                        if w["batches_left_in_last_epoch"] and int(r) in
+                        set(s.get("lost_workers") or ())), file=stream)
     stale = [w["mean_staleness"] for w in s["per_worker"] if w.get("mean_staleness") is not None]
     if stale:
         print("mean staleness of each worker's gradients (rounds) "

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from hetsync.telemetry.ledger import run_ledger
 from hetsync.telemetry.metric import ACCURACY, Metric, metric_of
 from hetsync.telemetry.runlog import RunLog, read_run
 
@@ -212,6 +213,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "paused_s": wall - train_wall,
         **traffic(log.workers, log.ps, log.state_server, train_wall),
         "evaluations": len(evals),
+        "ledger": run_ledger(log.workers),
         "metric": metric.key,
         "time_to_target": time_to_target(evals, targets, metric),
         "final_accuracy": float(evals[-1]["test_acc"]) if evals else None,
@@ -249,7 +251,9 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     every worker stood still for an evaluation (collective modes; traffic uses the same
     denominator); ``throughput_limit`` = Σ workers' isolated throughput;
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
-    ``evaluations``; ``metric``, the evaluation record's key the run is judged by (test
+    ``evaluations``; ``ledger`` (:func:`~hetsync.telemetry.ledger.run_ledger`: batches of
+    the workers' shards drawn twice or skipped, per worker and in all; None where the
+    records name no draws, as `hetsync.wrap`'s); ``metric``, the evaluation record's key the run is judged by (test
     accuracy; validation loss for language modelling: :mod:`hetsync.telemetry.metric`) and
     ``time_to_target`` (:func:`time_to_target`, at ``targets``, by default the metric's);
     ``final_accuracy`` and ``final_loss`` (last evaluation), ``best_accuracy``, ``best_loss``; ``missing_workers`` (worker ranks in
