@@ -137,7 +137,8 @@ class SelSync(Mode):
         2. If any voted: average the contributors' parameters (or gradients); the others
            send zeros and take the mean.
         3. If any evaluates (`global_model`, also on a worker whose data has run out):
-           every worker sends its model for the global model's sum (`_global_sum`).
+           every worker sends its model for the global model's sum (`_global`, which
+           the evaluating worker holds in `global_model`).
         """
         votes = self.comm.barrier(torch.tensor([float(self._vote and contributes),
                                                 float(contributes), float(evaluates)]),
@@ -154,8 +155,9 @@ class SelSync(Mode):
             local = flatten(params)
             summed = self._sum(local if contributes else local * 0, phase)
             unflatten_into(summed / count, params)
-        if votes[2] > 0:
-            self._global = self._sum(flatten(self._model_parts()), phase) / self.comm.workers
+        if votes[2] > 0:  # (kept by the evaluator only: the others just take part)
+            summed = self._sum(flatten(self._model_parts()), phase) / self.comm.workers
+            self._global = summed if evaluates else None
 
     def _sum(self, buffer: torch.Tensor, phase: str) -> torch.Tensor:
         with self.comm.clock.phase(phase):
@@ -179,6 +181,7 @@ class SelSync(Mode):
         local = flatten(parts)  # (after the round's synchronisation, if any: it is kept)
         if lockstep:
             unflatten_into(self._global, parts)
+            self._global = None
         try:
             yield
         finally:
