@@ -11,9 +11,11 @@ and spread over the middle of the time budget:
   (a kill of a worker is drawn twice as often as each other kind)
 - ``kill-evaluator``.
 
-A kill that would leave no worker is skipped. The regrouping modes go on without a killed
-worker (rank 0 too); the others are resumed from their last checkpoint by `launch`
-(`--max-restarts`). Each run is judged by what a user would check: `launch` exits 0 (not
+A kill that would leave no worker is skipped. The regrouping modes and the asynchronous ones
+go on without a killed worker (rank 0 too) — and in esync and esync-outer `launch` starts it
+again and it joins the running job (`hetsync worker --join`); the others are resumed from
+their last checkpoint by `launch` (`--max-restarts`), as are the asynchronous modes when
+their parameter server is killed. Each run is judged by what a user would check: `launch` exits 0 (not
 lost), within its budget plus the restarts' cost (not hung: `--timeout` bounds every wait),
 one accuracy curve (no training time twice in `eval.jsonl`) to the budget, a complete
 summary, the data ledger's batches drawn twice and skipped, and the final accuracy against
@@ -23,8 +25,7 @@ with `--out`, to a Markdown file.
     .venv/bin/python benchmarks/chaos.py --modes esync-outer,async,sync --seeds 0,1 \\
         --budget 60 --events 6 --out results/chaos.md
 
-What it does not do: restart a lost worker into the running job (hetsync cannot yet: the
-cluster of a regrouping mode only shrinks), nor check which samples were drawn twice.
+What it does not do: add a worker that was never part of the run.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PS_MODES = ("async", "dcasgd", "gd", "dgc", "dgs", "fedbuff", "async-local-sgd")
-#: modes whose workers regroup without a lost one (any rank): the cluster only shrinks
+#: modes whose workers regroup without a lost one (any rank)
 REGROUPS = ("esync", "esync-outer", "eager-solo", "eager-majority")
+#: of those, the modes a lost worker joins again (launch starts it with --join)
+REJOINS = ("esync", "esync-outer")
 
 
 @dataclass
@@ -117,6 +120,7 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     restarts: int = 0
     lost: list[int] = field(default_factory=list)
+    joined: list[int] = field(default_factory=list)
     final: float | None = None
     one_curve: bool = False
     complete: bool = False
@@ -143,11 +147,13 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
                             text=True)
     first = None
     killed: set[int] = set()
+    joined_before: dict[int, int] = {}
     # (a hang is what --timeout must prevent: give up on the run well after it)
     deadline = start + args.budget * 3 + args.timeout * (2 + args.events) + 120
     while proc.poll() is None and time.monotonic() < deadline:
         if first is None and (run_dir / "worker-0.jsonl").exists():
             first = time.monotonic()
+        killed -= {r for r in killed if joins(run_dir, r) > joined_before.get(r, 0)}
         while first is not None and events and time.monotonic() - first >= events[0].at:
             event = events.pop(0)
             if event.kind == "kill-worker" and len(killed | {event.rank}) >= workers:
@@ -163,11 +169,11 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
                 os.kill(pid, signal.SIGCONT)
             else:
                 os.kill(pid, signal.SIGKILL)
-                if mode not in REGROUPS and (event.kind == "kill-ps" or event.rank == 0 or
-                                             mode not in PS_MODES):
+                if mode not in REGROUPS and (event.kind == "kill-ps" or mode not in PS_MODES):
                     killed.clear()  # the run stops, and launch resumes it with every worker
                 elif event.kind == "kill-worker":
-                    killed.add(event.rank)
+                    killed.add(event.rank)  # (until it joins again, where the mode admits it)
+                    joined_before[event.rank] = joins(run_dir, event.rank)
             out.applied.append(event.describe())
         time.sleep(0.1)
     if proc.poll() is None:  # hung
@@ -188,8 +194,17 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
     out.final = summary.get("final_accuracy")
     out.complete = bool(summary.get("complete"))
     out.lost = summary.get("lost_workers") or []
+    out.joined = summary.get("joined_workers") or []
     out.ledger = summary.get("ledger")
     return out
+
+
+def joins(run_dir: Path, rank: int) -> int:
+    """How many times `rank` has joined the running job (its log says so each time)."""
+    try:
+        return (run_dir / "logs" / f"rank-{rank}.log").read_text().count("joined the run at")
+    except OSError:
+        return 0
 
 
 def _ledger(ledger: dict | None) -> str:
@@ -198,9 +213,9 @@ def _ledger(ledger: dict | None) -> str:
 
 def table(outcomes: list[Outcome], budget: float) -> str:
     rows = ["| mode | seed | run | events applied | launch exit | wall s | restarts | lost "
-            "workers | one curve to the budget | complete | batches twice / skipped | final accuracy "
-            "| vs undisturbed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "workers | joined again | one curve to the budget | complete | batches twice / "
+            "skipped | final accuracy | vs undisturbed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     calm = {(o.mode, o.seed): o.final for o in outcomes if not o.chaos}
     for o in outcomes:
         ref = calm.get((o.mode, o.seed))
@@ -210,6 +225,7 @@ def table(outcomes: list[Outcome], budget: float) -> str:
         rows.append(f"| {o.mode} | {o.seed} | {'chaos' if o.chaos else 'undisturbed'} | "
                     f"{applied} | {o.code} | {o.wall:.0f} | {o.restarts} | "
                     f"{','.join(map(str, o.lost)) or '-'} | "
+                    f"{','.join(map(str, o.joined)) or '-'} | "
                     f"{'yes' if o.one_curve and o.reached_budget else 'NO'} | "
                     f"{'yes' if o.complete else 'NO'} | "
                     f"{_ledger(o.ledger)} | "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,7 +192,8 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
            "--time-budget", "8", "--eval-interval", "0.5", "--checkpoint-every", "2",
            "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
            # the first survivor waits the whole grace for the dead rank: 2 s of the 8 s, not 5
-           "--regroup-grace", "2", "--max-restarts", "0" if family == "plugin" else "1"]
+           "--regroup-grace", "2", "--max-restarts", "0" if family == "plugin" else "1",
+           "--no-rejoin"]  # (the lost worker rejoining: the test below)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
             os.pathsep) if p])}  # the plugin's module
@@ -305,7 +307,7 @@ def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_pat
     cmd = [sys.executable, "-m", "hetsync", "launch", "-m", "esync", "--workers", "4",
            "--slowdowns", "1,2,2,2", "--time-budget", "30", "--eval-interval", "1",
            "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures",
-           "--timeout", "10", "--regroup-grace", "5"]
+           "--timeout", "10", "--regroup-grace", "5", "--no-rejoin"]  # (the regroups alone)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
             os.pathsep) if p])}  # the plugin's module
@@ -402,3 +404,95 @@ def test_a_resumed_run_refuses_a_changed_mode_option_it_would_not_apply(tmp_path
     assert main(["launch", "--resume", str(run), "-gl", "0.3"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--global-lr 0.3 differs from the run's 0.7" in err[0], err
+
+
+@pytest.mark.slow
+def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
+    """esync-outer, 3 workers: kill -9 of rank 1, then, once the others went on without
+    it, of rank 0 (the leader); launch starts both again with --join, and each is admitted at
+    a round's end (issue 31): in the round the leader offered it a place, in the records
+    within two rounds of it, planned for by the state server to the end, on one accuracy
+    curve, with no batch drawn twice. The lead stays with a survivor of rank 0's loss."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
+         "--slowdowns", "1,2,2", "--timeout", "30", "--time-budget", "30",
+         "--eval-interval", "0.5", "--regroup-grace", "2", "-ld", str(tmp_path),
+         "--run-name", "run", "--quiet", "--no-figures"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    regrouped = "rank 2: going on without rank(s) 1 from"
+    for victim, after in ((1, None), (0, regrouped)):
+        while (not (run / "worker-1.jsonl").exists() or after is not None and after not in
+               (run / "logs" / "rank-2.log").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(1.0)
+        pid = pid_of_rank(run, victim)
+        assert pid is not None, f"rank {victim} is not running"
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    logs = {r: (run / "logs" / f"rank-{r}.log").read_text() for r in range(3)}
+    offers = [(set(map(int, ranks.split(", "))), int(at)) for ranks, at in re.findall(
+        r"rank\(s\) ([\d, ]+) asked to join: offered a place at round (\d+)",
+        "".join(logs.values()))]
+    for victim in (1, 0):
+        assert (f"rank-{victim} exited with code -9; esync-outer goes on without it; started "
+                f"it again to join the run") in out, out
+        joined_at, waited = re.search(r"joined the run at round (\d+), ([\d.]+) s after",
+                                      logs[victim]).groups()
+        offered_at = [at for ranks, at in offers if victim in ranks][-1]
+        assert offered_at <= int(joined_at) <= offered_at + 2, (offered_at, joined_at)
+        assert float(waited) < 10.0, logs[victim]  # asked → admitted: a round or two
+        after = [r for r in _rounds(run, victim) if r >= offered_at]
+        assert after and after[0] <= int(joined_at) + 2, (after[:5], joined_at)
+    info = json.loads((run / "run.json").read_text())
+    assert sorted(info["joined_workers"]) == [0, 1] and "lost_workers" not in info, info
+    # the state server's last run planned for all three, to the end
+    plan = json.loads((run / "state-server.json").read_text())
+    assert plan["lost"] == [] and min(plan["last_round"].values()) >= _rounds(run, 2)[-1] - 2
+    ends = [_rounds(run, rank)[-3:] for rank in range(3)]
+    assert ends[0] == ends[1] == ends[2], ends
+    evals = _evals(run)
+    times = [e["train_time"] for e in evals]
+    assert len(set(times)) == len(times) and times[-1] >= 30.0, times  # one curve
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and evals[-1]["test_acc"] >= 0.70
+    assert sorted(summary["joined_workers"]) == [0, 1] and "lost and joined again" in out
+    assert summary["ledger"]["batches_twice"] == 0, summary["ledger"]
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
+    """async, 3 workers: kill -9 of rank 0 (which evaluated and proposed the stop): the
+    parameter server loses it at once, rank 1 takes the lead once launch has marked it dead,
+    and the run ends at its budget on one accuracy curve (issue 31)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
+         "--slowdowns", "1,2,2", "--timeout", "30", "--time-budget", "10",
+         "--eval-interval", "0.5", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+         "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not (run / "worker-0.jsonl").exists() and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(3.0)
+    pid = pid_of_rank(run, 0)
+    assert pid is not None, "rank 0 is not running"
+    os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "rank-0 exited with code -9; async goes on without it" in out, out
+    assert "rank 1: leads from here (rank(s) 0 lost)" in (run / "logs" / "rank-1.log").read_text()
+    ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
+    assert ps[-1]["lost"] == [0], ps
+    lost_at = max(_records(run, 0, "t_end"))
+    evals = _evals(run)
+    times = [e["train_time"] for e in evals]
+    assert len(set(times)) == len(times) and times[-1] >= 10.0, times  # one curve, to the end
+    assert sum(t > lost_at + 1.0 for t in times) >= 3, (times, lost_at)  # rank 1's evaluations
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["lost_workers"] == [0]
+    assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"]) and \
+        evals[-1]["test_acc"] >= 0.70
+    assert summary["ledger"]["batches_twice"] == 0, summary["ledger"]

@@ -3,6 +3,9 @@ key-value store shared by threads that play the ranks (the groups and the whole 
 tested with processes in test_checkpoint.py)."""
 
 import threading
+import time
+
+import pytest
 
 import torch.distributed as dist
 
@@ -80,3 +83,70 @@ def test_rank_0_may_be_the_lost_one_and_the_lowest_survivor_leads():
     for rank in (1, 2, 3):
         members, m = out[rank]
         assert members == [1, 2, 3] and m.lost == [0] and m.leader == 1
+
+
+# ---- a lost rank joins the running job (the groups and the whole run: test_checkpoint.py)
+def _after_losing(store, lost, members=(0, 1, 2)):
+    """The survivors' memberships after `lost` was lost (a regroup on `store`)."""
+    out = _regroup_all(store, [r for r in members if r != lost], list(members), grace=0.1)
+    return {rank: m for rank, (_, m) in out.items()}
+
+
+def _until(condition, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_lost_rank_that_asks_is_offered_a_place_and_every_member_admits_it():
+    store = dist.HashStore()
+    survivors = _after_losing(store, 1)
+    leader = survivors[0]
+    assert leader.waiting() == []  # nobody asked yet
+    joiner = Membership(store, 1, [0, 1, 2], timeout=5.0)
+    entered = {}
+    thread = threading.Thread(target=lambda: entered.setdefault("ok", joiner.enter(wait=5.0)))
+    thread.start()
+    _until(leader.waiting)
+    assert leader.waiting() == [1]
+    assert leader.offer([1])
+    thread.join(5.0)
+    assert entered == {"ok": True}
+    for m in survivors.values():
+        assert m.admit() == [1]
+    for m in [*survivors.values(), joiner]:  # one generation, the same members and leader
+        assert (m.members, m.generation, m.leader, m.lost) == ([0, 1, 2], 2, 0, [])
+    assert survivors[0].joined == joiner.joined == [1]
+    assert leader.waiting() == []  # its request is answered
+
+
+def test_the_leader_keeps_the_lead_when_a_lower_rank_joins():
+    store = dist.HashStore()
+    survivors = _after_losing(store, 0)
+    assert survivors[1].leader == 1
+    joiner = Membership(store, 0, [0, 1, 2], timeout=5.0)
+    thread = threading.Thread(target=joiner.enter, kwargs={"wait": 5.0})
+    thread.start()
+    _until(survivors[1].waiting)
+    survivors[1].offer([0])
+    thread.join(5.0)
+    for m in survivors.values():
+        m.admit()
+    assert {m.leader for m in [*survivors.values(), joiner]} == {1}
+
+
+def test_no_offer_after_a_survivors_regroup_proposed_first():
+    store = dist.HashStore()
+    survivors = _after_losing(store, 1)
+    # a survivor's regroup of the next generation proposed its members first
+    store.compare_set(survivors[0]._key("members"), "", "[0]")
+    assert survivors[0].offer([1]) is False
+
+
+def test_a_joiner_leaves_quietly_when_the_run_ended_and_says_so_when_nobody_answers():
+    store = dist.HashStore()
+    _after_losing(store, 1)[0].close()
+    assert Membership(store, 1, [0, 1, 2], timeout=5.0).enter(wait=5.0) is False
+    with pytest.raises(CommError, match="rank 2 asked to join but was not admitted within 0 s"):
+        Membership(dist.HashStore(), 2, [0, 1, 2], timeout=5.0).enter(wait=0.2)

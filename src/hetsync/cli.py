@@ -59,7 +59,8 @@ def cmd_launch(args) -> int:
     if measured is not None:
         print(measured, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
-           resume=args.resume, live=not args.no_live, max_restarts=args.max_restarts)
+           resume=args.resume, live=not args.no_live, max_restarts=args.max_restarts,
+           rejoin=not args.no_rejoin)
     return 0
 
 
@@ -139,6 +140,9 @@ def _check_resumable(saved: Config, cfg: Config, run_dir: str) -> None:
 def cmd_worker(args) -> int:
     from hetsync.runtime.worker import run_process
 
+    if args.join and args.resume:
+        raise ConfigError(f"--join and --resume {args.resume}: give one (--join enters a "
+                          f"running job; --resume continues a stopped one)")
     if args.resume:
         if args.run_dir is not None and args.run_dir != args.resume:
             raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume}: give one "
@@ -149,6 +153,8 @@ def cmd_worker(args) -> int:
     cfg = config_from_args(args, base).validate()
     if args.resume:
         _check_resumable(_resumed_config(args.resume), cfg, args.resume)
+    if args.join:
+        _check_joinable(cfg, args)
     if cfg.spec.state_server:
         check_host("-ip/--state-server-ip", cfg.state_ip)
     reason = None if args.run_dir is None else unwritable_dir(args.run_dir)
@@ -162,12 +168,22 @@ def cmd_worker(args) -> int:
     resume = True if args.resume else _restarted_by_torchrun(args, cfg)
     standalone = (args.run_dir is None or resume) and cfg.workers == 1
     run_dir = run_process(cfg, run_dir=args.run_dir, progress=_progress_printer(),
-                          resume=resume)
+                          resume=resume, join=args.join)
     if standalone:  # a standalone run: summarise it too
         from hetsync.runtime.launcher import finish_run
 
         finish_run(run_dir, figures=not args.no_figures)
     return 0
+
+
+def _check_joinable(cfg: Config, args) -> None:
+    """`--join` enters a running job of a mode that admits a worker, in its run directory."""
+    if args.run_dir is None:
+        raise ConfigError("--join: give --run-dir, the directory of the running job to join")
+    if cfg.workers < 2 or not cfg.admits_workers:
+        raise ConfigError(f"--join: mode {cfg.effective_mode} cannot take in a worker while "
+                          f"it runs; esync and esync-outer can, with --overlap 1, more than "
+                          f"one worker, deferred evaluation and no parameter server")
 
 
 def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
@@ -338,7 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=parse_restarts, default=3,
                    help="a run stopped by a lost worker (a mode that cannot go on without "
                    "it) is resumed from its last checkpoint up to N times (0: it stops and "
-                   "says how to resume; default: 3)")
+                   "says how to resume); where the mode goes on without it, a lost worker is "
+                   "started again up to N times and joins the running job (default: 3)")
+    p.add_argument("--no-rejoin", action="store_true",
+                   help="a lost worker is not started again to join the running job (esync "
+                   "and esync-outer in the background): the run goes on without it")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
@@ -350,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue that run directory from its "
                    "last checkpoint (config: its config.json unless --config)")
+    p.add_argument("--join", action="store_true",
+                   help="this rank was lost: join the job running in --run-dir at a round's "
+                   "end, from the global model (esync and esync-outer in the background)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")

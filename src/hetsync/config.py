@@ -251,6 +251,12 @@ class Config:
                 and self.spec.worker.goes_on_without_a_worker(self.mode_options()))
 
     @property
+    def admits_workers(self) -> bool:
+        """Whether a lost worker can join the running job (`hetsync worker --join`,
+        `runtime/membership.py`): the run regroups, and the mode can give it its state."""
+        return self.regroups and self.spec.worker.admits_a_worker(self.mode_options())
+
+    @property
     def world_size(self) -> int:
         return self.workers + (1 if self.needs_ps else 0)
 

@@ -119,6 +119,7 @@ class CommContext:
     timer: object | None = None     # hetsync.runtime.heterogeneity.StepTimer
     device_name: str = "cpu"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the model's
+    generation: int = 0  # the members' groups made so far: 0, then one per regroup or join
 
     @property
     def wire_device(self) -> torch.device:
@@ -183,17 +184,17 @@ class CommContext:
         return on_wire.to(tensor.device)
 
     def regroup(self, members: list[int], group: dist.ProcessGroup | None,
-                channel_group: dist.ProcessGroup | None) -> None:
-        """Go on with `members` alone (global ranks; this worker keeps its rank) on their new
-        groups (`runtime/membership.py`): the broken channel is left to its thread, which
-        ends with its job's timeout, and a new one runs on `channel_group`."""
+                channel_group: dist.ProcessGroup | None, generation: int) -> None:
+        """Go on with `members` (global ranks; this worker keeps its rank) on their new
+        groups of `generation` (`runtime/membership.py`: after a loss or a join): the old
+        channel is left to its thread (a broken one's ends with its job's timeout), and a new
+        one runs on `channel_group`."""
         from hetsync.comm.channel import Channel
 
         old, self.channel = self.channel, None
-        self.group, self.workers = group, len(members)
+        self.group, self.workers, self.generation = group, len(members), generation
         if len(members) > 1:
             self.channel = Channel(channel_group, timeout=self.timeout)
-            self.channel.alarm = old.alarm if old is not None else None
         if old is not None:
             old.close(wait=False)
 
@@ -308,6 +309,17 @@ class Mode:
         """After a regroup (`runtime/membership.py`), on the new `comm.group`: drop what was
         in flight and take rank 0's global state, so that every survivor holds the same."""
         raise NotImplementedError(f"{self.name} does not go on without a lost worker")
+
+    @classmethod
+    def admits_a_worker(cls, options: Any) -> bool:
+        """Whether a lost worker can join the running job at a round's end (`admit`)."""
+        return False
+
+    def admit(self, joined: bool) -> None:
+        """A worker joins at this round's end (`runtime/membership.py`), on the new
+        `comm.group`, with nothing in flight (`settle` came first): the leader's global state
+        goes to every member; `joined`: this is the worker that joins, and starts from it."""
+        raise NotImplementedError(f"{self.name} does not take in a worker while it runs")
 
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless

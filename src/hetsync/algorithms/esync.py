@@ -189,6 +189,8 @@ class ESync(LocalRounds):
                          settings=global_update(self.defaults, options),
                          overlap=bool(options.overlap),
                          max_local_steps=options.max_local_steps)
+        self._all_workers = comm.workers  # the run's, however many go on
+        self._run_base = 0  # the run's id (`_take_run_id`)
 
     @classmethod
     def optimizer_lr(cls, base_lr: float, options: ESyncOptions) -> float:
@@ -202,19 +204,18 @@ class ESync(LocalRounds):
         """Rank 0 draws the run's id and starts the state server's run afresh under it
         (before the broadcast, so before any worker reports); every worker names the run in
         its reports, and starts from rank 0's model."""
-        run = self._run_id()
-        self._all_workers = self.comm.workers  # the run's, however many go on
+        self._take_run_id()
         if self.comm.rank == 0:
-            self.comm.state_client.init(self.comm.workers, self.options.epsilon, run=run)
-        self.comm.state_client.run = run
+            self.comm.state_client.init(self.comm.workers, self.options.epsilon,
+                                        run=self.comm.state_client.run)
         super().setup()
 
-    def _run_id(self) -> str:
-        """Rank 0's random id of this run, known to every worker (not from torch's generator:
-        the run's seeded streams stay as they were)."""
-        ident = self.comm.broadcast(torch.tensor([secrets.randbits(62)
-                                                  if self.comm.rank == 0 else 0]))
-        return f"{int(ident):016x}"
+    def _take_run_id(self) -> None:
+        """Rank 0's (the leader's) random id of this run, known to every worker (not from
+        torch's generator: the run's seeded streams stay as they were)."""
+        self._run_base = int(self.comm.broadcast(torch.tensor(
+            [secrets.randbits(62) if self.comm.leads else 0])))
+        self.comm.state_client.run = f"{self._run_base:016x}"
 
     @classmethod
     def goes_on_without_a_worker(cls, options: ESyncOptions) -> bool:
@@ -225,15 +226,28 @@ class ESync(LocalRounds):
     def rejoin(self) -> None:
         """After a regroup (see `LocalRounds.rejoin`), the leader also starts the state
         server's run afresh without the lost ranks."""
+        self._new_plan()
+        super().rejoin()
+
+    def admit(self, joined: bool) -> None:
+        """A worker joins (see `LocalRounds.admit`); the leader starts the state server's run
+        afresh with it, so that its rounds are planned for from the next one."""
+        self._take_run_id()  # (the joiner has none yet)
+        self._new_plan()
+        super().admit(joined)
+
+    def _new_plan(self) -> None:
+        """The members changed: the round in progress is planned no more, and the leader
+        starts the state server's run afresh for them, under the run's id and the
+        generation (every report names the lost ranks too, for a restarted server)."""
         self.length.forget()
         client = self.comm.state_client
         client.close()  # an answer of the old run may be unread on its connection
         lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
-        client.run = f"{client.run.split('/')[0]}/{len(lost)}" if client.run else None
-        client.lost = lost  # named in every report, for a restarted server
+        client.run = f"{self._run_base:016x}/{self.comm.generation}"
+        client.lost = lost
         if self.comm.leads:
             client.init(self._all_workers, self.options.epsilon, run=client.run, lost=lost)
-        super().rejoin()
 
     def join(self) -> None:
         """No data left (hetsync.wrap): the rounds are planned around the workers still

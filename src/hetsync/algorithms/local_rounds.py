@@ -76,6 +76,10 @@ class LocalRounds(Mode):
     def setup(self) -> None:
         """Every worker starts from rank 0's model; the outer optimizer holds w_global."""
         self.broadcast_model()
+        self.setup_global()
+
+    def setup_global(self) -> None:
+        """w_global and the global BatchNorm statistics ← the model's own."""
         self._hold(flatten(self.parameters()))
         stats = bn_statistics(self.model)
         self._global_stats = pack(stats).clone() if stats else None
@@ -165,6 +169,29 @@ class LocalRounds(Mode):
         them."""
         self._pending = self._sent = None
         self.local_steps = 0
+        self._take_leaders_global()
+        self._load(self._global, self._global_stats)
+        self.optimizer.state.clear()  # local momentum belongs to the dropped steps
+        if self.variates is not None:
+            self.variates.reset()
+
+    @classmethod
+    def admits_a_worker(cls, options: Any) -> bool:
+        return cls.goes_on_without_a_worker(options)
+
+    def admit(self, joined: bool) -> None:
+        """A worker joins (`Mode.admit`): every member holds the same global state once its
+        sum is settled, and keeps its local steps since; the one that joins takes the
+        leader's global state and starts its first round from it."""
+        if joined:  # (no `setup`: its shapes; the values come from the leader)
+            self.setup_global()
+        self._take_leaders_global()
+        if joined:
+            self._load(self._global, self._global_stats)
+
+    def _take_leaders_global(self) -> None:
+        """The leader's global weights, BatchNorm statistics, outer momentum and round, on
+        every member (one broadcast of the sizes, one of the values)."""
         stats = self._global_stats if self._global_stats is not None else torch.zeros(0)
         buffer = momentum_buffer(self.outer)
         buffer = buffer if buffer is not None else torch.zeros(0)
@@ -178,10 +205,6 @@ class LocalRounds(Mode):
         self._global_stats = stats.clone() if stats.numel() else None
         set_momentum_buffer(self.outer, buffer if buffer.numel() else None)
         self.round = int(sizes[3])
-        self._load(self._global, self._global_stats)
-        self.optimizer.state.clear()  # local momentum belongs to the dropped steps
-        if self.variates is not None:
-            self.variates.reset()
 
     @contextmanager
     def global_model(self) -> Iterator[None]:

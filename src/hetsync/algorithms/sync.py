@@ -3,7 +3,7 @@
 Per step, on every worker:
 
 1. forward and backward on the local batch;
-2. (the training loop's agreement, a blocking all-reduce of three floats: the barrier at which
+2. (the training loop's agreement, a blocking all-reduce of four floats: the barrier at which
    a fast worker waits for the slowest, timed as `wait`);
 3. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
    contributors) over the chosen collective and divide by the number of workers (under

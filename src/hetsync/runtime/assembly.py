@@ -58,13 +58,15 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
              state_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
              straggler=None, step_work: float | None = None,
-             channel_group: dist.ProcessGroup | None = None) -> Assembly:
+             channel_group: dist.ProcessGroup | None = None, joining: bool = False) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
     `group` is the workers' process group (None: the default group, which must then hold the
     workers only); `channel_group`, a second group of the same ranks for the background
     channel (None: made here, by the workers only). Every worker calls this, in the same order
-    as its other collectives.
+    as its other collectives. `joining`: a lost rank's new process joining the running job
+    (`runtime/membership.py`) makes neither its channel nor the mode's setup, which its
+    admission brings.
     """
     device = next(model.parameters()).device
     gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
@@ -86,13 +88,14 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
         comm.state_client = StateClient(*state_server, timeout=timeout, token=state_token)
         comm.state_client.wait_until_up(deadline_s=min(timeout, 60.0))
-    if workers > 1:
+    if workers > 1 and not joining:
         ranks = [dist.get_global_rank(group, r) if group is not None else r
                  for r in range(workers)]
         comm.channel = (Channel(channel_group, timeout=timeout) if channel_group is not None
                         else Channel.for_ranks(ranks, timeout=timeout))
     mode = spec.worker(model, optimizer, comm, options)
-    mode.setup()
+    if not joining:
+        mode.setup()
     return Assembly(spec, mode, comm)
 
 

@@ -1,9 +1,9 @@
 """Cluster-wide decisions every worker must agree on: how many samples all have trained, whether
-to evaluate now, whether to stop.
+to evaluate now, whether to stop, whether to let lost workers join.
 
 Rank 0 proposes (it knows the time budget, the epoch budget and the last test accuracy); the
 others follow. The proposal travels apart from the model traffic, by the mode's control path
-(`hetsync.algorithms.base.ControlPath`): in collective modes every worker's three numbers are
+(`hetsync.algorithms.base.ControlPath`): in collective modes every worker's four numbers are
 summed by an all-reduce of their own (blocking, or on the background channel), and every
 worker reads the same agreement off the sum (`CollectiveControl`). In asynchronous modes there
 is no common round, so they go through the process group's key-value store (`StoreControl`):
@@ -24,9 +24,11 @@ class Proposal:
     samples: int      # samples this worker trained since the last round
     evaluate: bool    # the leader (rank 0) wants to evaluate after this round
     stop: bool        # the leader (rank 0) wants to stop after this round
+    admit: bool = False  # the leader offered lost ranks a place (`runtime/membership.py`)
 
     def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop)])
+        return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop),
+                             float(self.admit)])
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Agreement:
     samples_seen: int  # by all workers, since the start
     evaluate: bool     # evaluate now (collective modes: every worker pauses for it)
     stop: bool
+    admit: bool = False  # let the ranks offered a place join now
 
 
 class CollectiveControl:
@@ -50,7 +53,8 @@ class CollectiveControl:
 
     def agree(self, summed: torch.Tensor) -> Agreement:
         self.samples_seen += int(round(float(summed[0])))
-        return Agreement(self.samples_seen, bool(summed[1] > 0), bool(summed[2] > 0))
+        return Agreement(self.samples_seen, bool(summed[1] > 0), bool(summed[2] > 0),
+                         bool(summed[3] > 0))
 
 
 class LocalControl(CollectiveControl):

@@ -98,8 +98,13 @@ class Cluster:
     #: launcher evaluates what it left), and a state server is started again
     SERVICES = ("state-server", "evaluator")
 
-    def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False,
+                 rejoins: int = 0):
         self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+        #: how many times each lost worker is started again to join the running job (where
+        #: the mode admits one: `Config.admits_workers`)
+        self.rejoins = rejoins if cfg.admits_workers else 0
+        self.rejoined: dict[str, int] = {}
         self.started = time.time()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -186,18 +191,26 @@ class Cluster:
         store_host = "127.0.0.1" if net is None else net.bridge_address
         self.store = dist.TCPStore(store_host, 0, is_master=True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=self.cfg.timeout))
+        self.config_path = config_path
         for rank in range(world):
-            name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
-            args = ["worker", "--config", str(config_path),
-                    "--resume" if self.resume else "--run-dir", str(self.run_dir)]
-            if self.state_port is not None:
-                args += ["-port", str(self.state_port)]
-            env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": store_host, "MASTER_PORT": str(self.store.port),
-                   "TORCHELASTIC_USE_AGENT_STORE": "True"}
-            if net is not None:  # gloo would look its address up by the machine's name
-                env["GLOO_SOCKET_IFNAME"] = net.interface
-            self._spawn(name, args, env=env, host=None if net is None else rank)
+            self._start_rank(rank)
+
+    def _start_rank(self, rank: int, join: bool = False) -> None:
+        """Start rank `rank`'s process (`join`: a lost worker's, joining the running job)."""
+        world, net = self.cfg.world_size, self.network
+        name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
+        args = ["worker", "--config", str(self.config_path),
+                "--resume" if self.resume and not join else "--run-dir", str(self.run_dir)]
+        if join:
+            args.append("--join")
+        if self.state_port is not None:
+            args += ["-port", str(self.state_port)]
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": self.store.host, "MASTER_PORT": str(self.store.port),
+               "TORCHELASTIC_USE_AGENT_STORE": "True"}
+        if net is not None:  # gloo would look its address up by the machine's name
+            env["GLOO_SOCKET_IFNAME"] = net.interface
+        self._spawn(name, args, env=env, host=None if net is None else rank)
 
     def ranks(self) -> dict[str, subprocess.Popen]:
         return {k: p for k, p in self.procs.items() if k not in self.SERVICES}
@@ -242,15 +255,15 @@ class Cluster:
 
     def lose(self, name: str) -> bool:
         """Go on without the worker `name` that died, where the mode can: one whose workers
-        regroup (`Config.regroups`: ESync in the background, eager-SGD), any worker, rank 0
-        included (the lowest survivor leads on; the store lives here); an asynchronous mode
-        (each worker talks only to the parameter server, agreement through the store), any
-        worker but rank 0, which evaluates and decides when to stop. Whether it can."""
+        regroup (`Config.regroups`: ESync in the background, eager-SGD), or an asynchronous
+        mode (each worker talks only to the parameter server, agreement through the store)
+        — any worker, rank 0 included (the lowest survivor leads on; the store lives here).
+        Whether it can."""
         rank = name.removeprefix("rank-")
         if not rank.isdigit():
             return False
         asynchronous = self.cfg.needs_ps and self.cfg.spec.asynchronous
-        if not (self.cfg.regroups or (asynchronous and int(rank) != 0)):
+        if not (self.cfg.regroups or asynchronous):
             return False
         records = self.run_dir / f"worker-{rank}.jsonl"
         if not (records.exists() and records.stat().st_size > 0
@@ -258,11 +271,22 @@ class Cluster:
             return False  # it died setting up: the others wait for it in a collective
 
         self.lost.add(name)
-        # a parameter server need not wait for its goodbye (torch's default store prefixes
-        # the workers' keys with "default_pg/")
-        from hetsync.runtime.membership import LOST
+        # the others need not wait for it (`membership.shared`: the workers read these keys
+        # under torch's prefixes)
+        from hetsync.runtime.membership import JOIN, LOST
 
-        self.store.set(f"default_pg/{LOST}/{rank}", "1")
+        self.store.set(f"{LOST}/{rank}", "1")
+        self.store.delete_key(f"{JOIN}/{rank}")  # (one that died asking to join)
+        return True
+
+    def rejoin(self, name: str) -> bool:
+        """Start the lost worker `name` again to join the running job (`--join`), up to
+        `rejoins` times; whether it was."""
+        if self.rejoined.get(name, 0) >= self.rejoins:
+            return False
+        self.rejoined[name] = self.rejoined.get(name, 0) + 1
+        self.lost.discard(name)
+        self._start_rank(int(name.removeprefix("rank-")), join=True)
         return True
 
     def stop(self, grace: float = 5.0) -> None:
@@ -318,12 +342,14 @@ class _Stopped(Exception):
 
 def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
            stream=sys.stdout, resume: str | Path | None = None, live: bool = True,
-           max_restarts: int = 0) -> Path:
+           max_restarts: int = 0, rejoin: bool = True) -> Path:
     """Run `cfg` as a local cluster; return its run directory. Raises LaunchError on failure.
     `resume`: a run directory to continue from its last checkpoint (`checkpoint.py`); `live`:
     serve the run's live page on loopback while it goes on (`telemetry/live.py`);
     `max_restarts`: how many times a run stopped by a failed process (a mode that cannot go
-    on without a worker) is resumed from its last checkpoint here, as `--resume` would."""
+    on without a worker) is resumed from its last checkpoint here, as `--resume` would;
+    `rejoin`: where the mode admits a worker, a lost one is started again (up to
+    `max_restarts` times each) and joins the running job."""
     cfg.validate()
     if resume is not None:
         from hetsync.runtime import checkpoint
@@ -356,7 +382,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             page = LivePage(run_dir).start()
             print(f"live page: {page.url}", file=stream, flush=True)
         while True:
-            cluster = Cluster(cfg, run_dir, network, resume=resume is not None or restarts > 0)
+            cluster = Cluster(cfg, run_dir, network, resume=resume is not None or restarts > 0,
+                              rejoins=max_restarts if rejoin else 0)
             try:
                 _run_cluster(cluster, progress, stream)
                 break
@@ -423,8 +450,10 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
         if cluster.evaluator_due():
             cluster.start_evaluator()
         if failure is not None and cluster.lose(failure[0]):
+            again = ("; started it again to join the run" if cluster.rejoin(failure[0])
+                     else "")
             print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
-                  f"on without it", file=stream, flush=True)
+                  f"on without it{again}", file=stream, flush=True)
             continue
         if failure is not None:
             raise _Stopped(*failure)

@@ -24,8 +24,30 @@ A member lost while the groups are made (after it registered) never connects: ma
 fails at the timeout, and the members regroup again (`rebuild`), without it. A rank left out
 (it registered too late) stops with an error naming the regroup. Ranks keep
 their numbers: a group's ranks are global ranks, so records, shards and the state server's
-reports stay as they were. The lowest member leads (`leader`): it proposes, evaluates and
-writes the global model (`runtime/training.py`) — rank 0 until it is lost.
+reports stay as they were. One member leads (`leader`): it proposes, evaluates and writes the
+global model (`runtime/training.py`) — rank 0 until it is lost, then the lowest survivor, which
+keeps the lead while it lives (a rank that joins never takes it back).
+
+A lost rank may come back and join the running job (torchft's and elastic Horovod's "join";
+`hetsync worker --join`, which `launch` starts in place of a lost worker):
+
+1. the new process asks (`enter`): it sets ``join/RANK`` to an id of its own;
+2. at a round's end the leader sees the lost ranks that asked (`waiting`) and offers them a
+   place (`offer`): it proposes the next generation's members, lost ranks and joiners in
+   ``regroup/G/members`` (the compare-and-set of a regroup: if a survivor's regroup
+   proposed first, the offer is not made) and answers each joiner's id with the generation,
+   the members and how many groups each member has made; the round's agreement tells every
+   member to admit them (`admit`) at the same point of its collectives;
+3. each member, and the joiner (`enter`), make the new groups; the joiner, which has made
+   none, first makes groups of itself alone until it has made as many as the members: torch
+   names a group made by its members alone after its ranks and the number of groups its
+   process has made (`distributed_c10d._hash_ranks_to_str`), and both must agree;
+4. the mode's `admit` gives the joiner the leader's global state (`runtime/training.py`).
+
+The joiner's process group is torch's default one made lazily (``TORCH_GLOO_LAZY_INIT``): the
+members' default group holds a connection to the lost process and never connects to the new
+one, so the joiner uses only the groups made with it. If the run ends first (`close`), the
+joiner leaves without training.
 
 The store must outlive every worker: `launch` hosts it in its own process, torchrun in its
 agent (``TORCHELASTIC_USE_AGENT_STORE``); with torch's default, rank 0's process holds it and
@@ -36,23 +58,51 @@ from __future__ import annotations
 
 import datetime
 import json
+import secrets
 import time
 
 import torch.distributed as dist
 
-from hetsync.comm.errors import CommError
+from hetsync.comm.errors import CommError, CommTimeoutError
 
 PREFIX = "hetsync/regroup"
 #: `launch` marks a worker it knows is dead here (`known_lost`)
 LOST = "hetsync/lost"
+#: a lost rank's new process asks to join here (`Membership.enter`)
+JOIN = "hetsync/join"
+#: the leader marks the end of the run here: nobody is admitted after it
+DONE = "hetsync/done"
+
+
+def _group_count() -> int:
+    """How many process groups this process has made (torch's own count, which names them)."""
+    from torch.distributed import distributed_c10d
+
+    return len(distributed_c10d._world.pg_names)
+
+
+def shared(store: dist.Store) -> dist.Store:
+    """`store` without torch's prefixes (a process group's store prefixes every key with
+    its group's name): the keys that `launch` sets and reads in its own store."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
 
 
 def known_lost(store: dist.Store, ranks) -> list[int]:
     """The ranks of `ranks` marked dead in `store` by the launcher (which saw them exit)."""
     try:
-        return [r for r in ranks if store.check([f"{LOST}/{r}"])]
+        return [r for r in ranks if shared(store).check([f"{LOST}/{r}"])]
     except Exception:  # noqa: BLE001 - a store out of reach marks nobody
         return []
+
+
+def all_lost(store: dist.Store, ranks) -> bool:
+    """Whether every rank of `ranks` is marked dead in `store` (one query)."""
+    try:
+        return shared(store).check([f"{LOST}/{r}" for r in ranks])
+    except Exception:  # noqa: BLE001 - a store out of reach marks nobody
+        return False
 
 
 class Membership:
@@ -61,10 +111,16 @@ class Membership:
     def __init__(self, store: dist.Store, rank: int, members: list[int], *,
                  timeout: float, grace: float = 5.0):
         self.store, self.rank, self.timeout = store, rank, timeout
+        #: where joiners ask and the end is marked: `launch` withdraws a dead joiner's request
+        self.shared = shared(store)
         self.members = sorted(members)
         self.grace = min(grace, timeout)
         self.generation = 0
         self.lost: list[int] = []
+        #: the ranks that joined the running job, in the order they did
+        self.joined: list[int] = []
+        #: proposes, evaluates, writes the global model: rank 0, then the lowest survivor
+        self.leader = self.members[0]
 
     def _key(self, *parts: object) -> str:
         return "/".join([PREFIX, str(self.generation), *map(str, parts)])
@@ -99,22 +155,94 @@ class Membership:
                             op="regroup")
         self.lost += [r for r in self.members if r not in alive]
         self.members, self.generation = alive, self.generation + 1
+        if self.leader not in alive:
+            self.leader = alive[0]
         return alive
 
-    @property
-    def leader(self) -> int:
-        """The member that proposes, evaluates and writes the global model: the lowest."""
-        return self.members[0]
-
     def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-        """The members' new groups, made by them alone: (main thread's, channel's); None for
-        a worker left alone. Waits at most the timeout for every member to connect."""
+        """The members' new groups, made by them alone: (main thread's, channel's), the
+        leader first in the main one (its group rank 0, which `broadcast` copies from); None
+        for a worker left alone. Waits at most the timeout for every member to connect."""
         if len(self.members) == 1:
             return None, None
         wait = datetime.timedelta(seconds=self.timeout)
-        return (dist.new_group(self.members, timeout=wait, use_local_synchronization=True),
-                dist.new_group(self.members[::-1], timeout=wait,
-                               use_local_synchronization=True, sort_ranks=False))
+        ranks = [self.leader] + [r for r in self.members if r != self.leader]
+        return (dist.new_group(ranks, timeout=wait, use_local_synchronization=True,
+                               sort_ranks=False),
+                dist.new_group(ranks[::-1], timeout=wait, use_local_synchronization=True,
+                               sort_ranks=False))
+
+    # ------------------------------------------------------------------ joining
+    def waiting(self) -> list[int]:
+        """The lost ranks that asked to join (the leader looks at a round's end)."""
+        try:
+            return [r for r in self.lost if self.shared.check([f"{JOIN}/{r}"])]
+        except Exception:  # noqa: BLE001 - a store out of reach admits nobody
+            return []
+
+    def offer(self, joining: list[int]) -> bool:
+        """Step 2 (the leader): propose the next members with `joining` and answer each
+        joiner; False if a regroup's proposal came first (the offer is not made)."""
+        members = sorted(self.members + joining)
+        if self.store.compare_set(self._key("members"), "", json.dumps(members)) != \
+                json.dumps(members).encode():
+            return False
+        answer = json.dumps({"generation": self.generation, "members": members,
+                             "leader": self.leader, "groups": _group_count(),
+                             "lost": [r for r in self.lost if r not in joining],
+                             "joined": self.joined + joining})
+        for rank in joining:
+            attempt = self.shared.get(f"{JOIN}/{rank}").decode()
+            self.shared.delete_key(f"{JOIN}/{rank}")
+            self.shared.set(f"{JOIN}/{rank}/{attempt}", answer)
+        return True
+
+    def admit(self) -> list[int]:
+        """Step 3 (every member, at the agreed round): the offered members become this
+        generation's; returns the ranks that join."""
+        members = json.loads(self.store.get(self._key("members")))
+        joining = [r for r in members if r not in self.members]
+        self.lost = [r for r in self.lost if r not in joining]
+        self.joined += joining
+        self.members, self.generation = members, self.generation + 1
+        return joining
+
+    def enter(self, wait: float) -> bool:
+        """Steps 1 and 3 (the joiner): ask, wait up to `wait` seconds for the leader's answer;
+        take its members and match the members' count of groups. False if the run ended
+        first; CommTimeoutError if no answer came."""
+        self.members, self.leader = [], None  # (none of them until it is admitted)
+        attempt = secrets.token_hex(8)
+        self.shared.set(f"{JOIN}/{self.rank}", attempt)
+        key = f"{JOIN}/{self.rank}/{attempt}"
+        deadline = time.monotonic() + wait
+        while not self.shared.check([key]):
+            if self.shared.check([DONE]):
+                return False
+            if time.monotonic() >= deadline:
+                raise CommTimeoutError(
+                    f"rank {self.rank} asked to join but was not admitted within {wait:.0f} s "
+                    f"(a lost rank is admitted at the round's end after the others have "
+                    f"regrouped without it)", op="join", seconds=wait)
+            time.sleep(0.05)
+        answer = json.loads(self.shared.get(key))
+        self.shared.delete_key(key)
+        self.members, self.leader = answer["members"], answer["leader"]
+        self.lost, self.generation = answer["lost"], answer["generation"] + 1
+        self.joined = answer["joined"]
+        while _group_count() < answer["groups"]:  # (step 3: torch's names must agree)
+            dist.new_group([self.rank], use_local_synchronization=True)
+        if _group_count() != answer["groups"]:
+            raise CommError(f"rank {self.rank} cannot join: it has made {_group_count()} "
+                            f"process groups, the members {answer['groups']}", op="join")
+        return True
+
+    def close(self) -> None:
+        """The leader, at the end of the run: nobody is admitted after it."""
+        try:
+            self.shared.set(DONE, "1")
+        except Exception:  # noqa: BLE001 - a store out of reach has nobody waiting on it
+            pass
 
     def rebuild(self, cause: BaseException) -> tuple[list[int], tuple]:
         """`regroup`, then `groups`; if a member is lost while they are made, regroup again

@@ -5,21 +5,27 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
 1. draw a batch of this worker's shard; forward (through `mode.module`) and backward;
 2. emulate the device's slowness (`heterogeneity.py`), before any communication of the step;
 3. `mode.poll()`, then `action = mode.decide(step)`: what the step does, decided without I/O;
-4. at the end of a round, the leader's proposal (samples, evaluate, stop) goes out by the mode's
-   control path: a blocking three-float all-reduce before the round's communication (it is
+4. at the end of a round, the leader's proposal (samples, evaluate, stop, admit) goes out by the
+   mode's control path: a blocking four-float all-reduce before the round's communication (it is
    that round's barrier), a job on the background channel after it (acted on when it comes
    in, and before the next round starts, so every worker stops after the same round), or the
    key-value store (asynchronous modes);
 5. `mode.apply(action)`: the local update and the mode's communication;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
    samples seen, evaluation (by the leader, of the global model; in collective modes every worker
-   pauses for it), stop; at every `--checkpoint-every`-th evaluation and at the stop, each
-   worker writes its checkpoint after the round's record (`checkpoint.py`).
+   pauses for it), stop, lost workers let in (`_admit`); at every `--checkpoint-every`-th
+   evaluation and at the stop, each worker writes its checkpoint after the round's record
+   (`checkpoint.py`).
 
 Steps 3-6 fail with a CommError when a peer is lost; where the run can go on without it
 (`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
 (`mode.rejoin`) and go on from the next step; elsewhere the error ends the worker. The leader
-is rank 0, or once it is lost the lowest survivor, which takes over its files.
+is rank 0, or once it is lost the lowest survivor, which takes over its files (in the
+asynchronous modes, once `launch` has marked every lower rank dead: `_follow_lead`). Where the
+mode
+admits a worker (`Mode.admits_a_worker`), a lost rank's new process (`hetsync worker --join`)
+enters at a round's end: the leader offers it a place, the round's agreement admits it, and it
+takes the leader's global state, counts and clock (`_admit`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
@@ -76,10 +82,13 @@ class TrainingLoop:
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
                  device: torch.device, recorder, run_dir=None, store=None,
-                 progress=None, checkpointer=None, membership=None):
+                 progress=None, checkpointer=None, membership=None, joining: bool = False):
         self.cfg, self.mode, self.rank = cfg, mode, rank
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
+        #: this process is a lost rank's, joining the running job (`run` enters it first)
+        self.joining = joining
+        self.admits = membership is not None and mode.admits_a_worker(mode.options)
         self.batches, self.train_set, self.test_set = batches, train_set, test_set
         self.device = device
         self.recorder, self.run_dir = recorder, run_dir
@@ -111,13 +120,44 @@ class TrainingLoop:
         self._last_recorded = 0
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
+        self.store = store
+        self._leader, self._next_lead_check = 0, 0.0  # (asynchronous modes: `_follow_lead`)
         self._take_lead()
 
     @property
     def leads(self) -> bool:
         """Whether this worker proposes, evaluates and writes the global model: rank 0, or
-        after it was lost the lowest survivor (`runtime/membership.py`)."""
-        return self.rank == (self.membership.leader if self.membership is not None else 0)
+        after it was lost the lowest survivor (`runtime/membership.py`, `_follow_lead`)."""
+        return self.rank == (self.membership.leader if self.membership is not None
+                             else self._leader)
+
+    def _follow_lead(self) -> None:
+        """An asynchronous mode (no regroup: each worker talks to the parameter server
+        alone): once `launch` has marked every lower rank dead in the store, this worker
+        leads — evaluates, proposes the stop, writes the global model. Asked at most twice
+        a second (one store query)."""
+        now = time.monotonic()
+        if self.leads or self.store is None or now < self._next_lead_check:
+            return
+        self._next_lead_check = now + 0.5
+        from hetsync.runtime.membership import all_lost
+
+        if all_lost(self.store, range(self.rank)):
+            self._leader = self.rank
+            self._take_lead()
+            print(f"hetsync worker: rank {self.rank}: leads from here (rank(s) "
+                  f"{', '.join(map(str, range(self.rank)))} lost)", file=sys.stderr, flush=True)
+
+    def lost_workers(self) -> list[int]:
+        """The workers the run went on without: the membership's, or in an asynchronous mode
+        those `launch` marked dead in the store."""
+        if self.membership is not None:
+            return list(self.membership.lost)
+        if self.path is ControlPath.STORE and self.store is not None:
+            from hetsync.runtime.membership import known_lost
+
+            return known_lost(self.store, range(self.mode.comm.workers))
+        return []
 
     def _take_lead(self) -> None:
         """The leader's files: `eval.jsonl`, and the snapshots (numbered after the agreed
@@ -154,7 +194,16 @@ class TrainingLoop:
             evaluate_now = self.mode.round % cfg.eval_every == 0
         else:
             evaluate_now = train_time - st.last_eval_train_time >= cfg.eval_interval
-        return Proposal(samples, evaluate_now or stop, stop)
+        # (not with an evaluation: a checkpoint may be due there, which the joiner, admitted
+        # after the agreement, would not write)
+        waiting = (self.membership.waiting() if self.admits and not (stop or evaluate_now)
+                   else [])
+        admit = bool(waiting) and self.membership.offer(waiting)
+        if admit:
+            print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, waiting))} "
+                  f"asked to join: offered a place at round {self.mode.round}",
+                  file=sys.stderr, flush=True)
+        return Proposal(samples, evaluate_now or stop, stop, admit=admit)
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, st: LoopState) -> None:
@@ -223,6 +272,8 @@ class TrainingLoop:
             self.checkpointer is not None and self._checkpoint_now(st, agreement))
         if agreement.evaluate:
             self._evaluate(st)
+        if agreement.admit:
+            self._admit(st)
         return agreement.stop
 
     def _checkpoint_now(self, st: LoopState, agreement: Agreement) -> bool:
@@ -262,6 +313,8 @@ class TrainingLoop:
         agreement was made before; the background one is acted on when it comes in)."""
         if self.path is ControlPath.BLOCKING:
             return agreement
+        if self.path is ControlPath.STORE:
+            self._follow_lead()
         proposal = self._propose(st, rnd.samples, time.perf_counter())
         if self.path is ControlPath.BACKGROUND:
             self._in_flight = self.mode.comm.start_all_reduce(
@@ -279,11 +332,15 @@ class TrainingLoop:
         self._next_checkpoint = self._checkpoint_after(checkpoint["loop"]["train_time"])
         self.control.resume(int(checkpoint["loop"]["samples_seen"]))
         self._last_recorded = int(checkpoint["recorded_round"])
-        epoch, batch = checkpoint["data"]["epoch"], checkpoint["data"]["batch"]
-        self.batches.resume_at(epoch, batch)
-        self._position = (epoch, batch)
+        self.start_at(checkpoint["data"]["epoch"], checkpoint["data"]["batch"])
         # drawn in a round cut short by the stop: the resumed first round's record has them
         self._unrecorded = [list(map(int, r)) for r in checkpoint["data"].get("drawn", ())]
+
+    def start_at(self, epoch: int, batch: int) -> None:
+        """Draw from batch `batch` of epoch `epoch` on (the batches before it were trained
+        on: a checkpoint's data position, or where a joining rank's recorded draws end)."""
+        self.batches.resume_at(epoch, batch)
+        self._position = (epoch, batch)
 
     def _checkpoint_after(self, train_time: float) -> float:
         """When an asynchronous mode's worker > 0 writes its next checkpoint."""
@@ -335,6 +392,8 @@ class TrainingLoop:
         mode, comm = self.mode, self.mode.comm
         timer = comm.timer
         st = self._loop_state(t0)
+        if self.joining and not self._enter(st):
+            return st  # the run ended before this process was let in
         mode.module.train()
         rnd = RoundAccount(st.eval_total, drawn=self._unrecorded)
         comm.clock.take()
@@ -370,6 +429,8 @@ class TrainingLoop:
                 stop, rnd = False, RoundAccount(st.eval_total)
             if stop:
                 break
+        if self.leads and self.membership is not None:
+            self.membership.close()  # nobody is let in after the stop
         try:
             mode.finish()
         except CommError as err:  # lost in the last round's sum: that round is dropped
@@ -409,23 +470,74 @@ class TrainingLoop:
 
     def _regroup(self, st: LoopState, err: CommError) -> None:
         """A peer was lost: go on with the survivors where the run can
-        (`runtime/membership.py`): new groups, rank 0's global state (`mode.rejoin`) and
+        (`runtime/membership.py`): new groups, the leader's global state (`mode.rejoin`) and
         its counts of samples and evaluations. The round in progress is dropped. Raises
         `err` where the run cannot go on."""
         if self.membership is None:
             raise err
         members, groups = self.membership.rebuild(err)
-        self.mode.comm.regroup(members, *groups)
+        self._new_groups(groups)
         self.mode.rejoin()
-        counts = self.mode.comm.broadcast(torch.tensor([st.samples_seen, self._evaluations],
-                                                   dtype=torch.float64))
-        st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
-        self.control.rejoin(st.samples_seen)
+        self._take_leaders_counts(st, joined=False)
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
               f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
               f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)
+
+    def _admit(self, st: LoopState) -> None:
+        """The round's agreement lets the ranks the leader offered a place join
+        (`runtime/membership.py`): settle what is in flight, make the groups with them, and
+        give them the leader's global state (`mode.admit`), counts and clock. Each member
+        keeps its own local steps since its last sum. (A joiner lost while the groups are
+        made fails them at the timeout: the members then regroup without it.)"""
+        self.mode.settle()
+        joining = self.membership.admit()
+        self._new_groups(self.membership.groups())
+        self.mode.admit(joined=False)
+        self._take_leaders_counts(st, joined=False)
+        print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
+              f"joined at round {self.mode.round} (workers "
+              f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
+
+    def _enter(self, st: LoopState) -> bool:
+        """This process joins the running job (`joining`): ask, wait to be admitted, then
+        take the members' groups, the leader's global state, counts and clock. False if the
+        run ended first."""
+        asked = time.perf_counter()
+        if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
+            return False
+        self._new_groups(self.membership.groups())
+        self.mode.admit(joined=True)
+        self._take_leaders_counts(st, joined=True)
+        print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
+              f"{time.perf_counter() - asked:.2f} s after asking (workers "
+              f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
+        return True
+
+    def _new_groups(self, groups: tuple) -> None:
+        """The mode goes on with the membership's members on their new `groups`."""
+        comm = self.mode.comm
+        comm.regroup(self.membership.members, *groups, generation=self.membership.generation)
+        if comm.channel is not None:
+            comm.channel.alarm = self.membership.alarm
+
+    def _take_leaders_counts(self, st: LoopState, joined: bool) -> None:
+        """The leader's counts of samples and evaluations, on every member; `joined`: also
+        its clock (training time, evaluation time, the last evaluation's) and its count of
+        checkpoints, which the worker that joins goes on from."""
+        now = time.perf_counter()
+        counts = self.mode.comm.broadcast(torch.tensor(
+            [st.samples_seen, self._evaluations, now - st.t0, st.eval_total,
+             st.last_eval_train_time, self.checkpointer.index if self.checkpointer else 0],
+            dtype=torch.float64)).tolist()
+        st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
+        self.control.rejoin(st.samples_seen)
+        if joined:
+            st.t0, st.eval_total, st.last_eval_train_time = now - counts[2], *counts[3:5]
+            if self.checkpointer is not None:
+                self.checkpointer.index = int(counts[5])
+            self._next_checkpoint = self._checkpoint_after(st.train_time(now))
 
     def _schedule_lr(self, st: LoopState, now: float) -> None:
         cfg = self.cfg

@@ -58,10 +58,11 @@ def default_run_name(cfg: Config) -> str:
 
 
 def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
-                resume: bool | str = False) -> Path:
+                resume: bool | str = False, join: bool = False) -> Path:
     """Run this process's part of the run (worker or parameter server); returns the run dir.
     `resume`: continue `run_dir` from its last checkpoint (`checkpoint.py`); `IF_ANY`: if
-    there is one."""
+    there is one. `join`: this rank was lost and joins the running job in `run_dir`
+    (`runtime/membership.py`)."""
     cfg.validate()
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if world != cfg.world_size:
@@ -75,10 +76,13 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
     if world > 1:
         backend = "nccl" if device.type == "cuda" and os.environ.get(
             "HETSYNC_BACKEND", "gloo") == "nccl" else "gloo"
+        if join:  # its default group never connects: the members' has no place for it
+            os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
                                 store=_elastic_store(world, timeout))
+        os.environ.pop("TORCH_GLOO_LAZY_INIT", None)  # (the groups it joins connect at once)
     try:
-        return _run(cfg, rank, world, device, run_dir, progress, resume)
+        return _run(cfg, rank, world, device, run_dir, progress, resume, join)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -96,12 +100,15 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
 
 
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
-         resume: bool | str) -> Path:
+         resume: bool | str, join: bool = False) -> Path:
     from hetsync.comm import set_default_timeout
-    from hetsync.data import ShardSampler
 
     set_default_timeout(cfg.timeout)
-    spec, options = cfg.spec, cfg.mode_options()
+    if join:  # it takes part in none of the start's collectives: the others are past them
+        run = _joined_run(run_dir)
+        return _train(cfg, rank, world, device, Path(run_dir), progress, run["run_name"],
+                      ranks=run.get("ranks", []), group=None, channel_group=None,
+                      start_time=run.get("start_time"), join=True)
     name = broadcast_text(cfg.run_name or default_run_name(cfg))
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
     is_server = cfg.needs_ps and rank == world - 1
@@ -115,12 +122,38 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
     # the main thread, one for the background channel.
-    workers = list(range(cfg.workers))
-    group, channel_group = ((dist.new_group(workers), dist.new_group(workers)) if world > 1
+    group, channel_group = ((dist.new_group(list(range(cfg.workers))),
+                             dist.new_group(list(range(cfg.workers)))) if world > 1
                             else (None, None))
 
     own, index, leader = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
                           else (None, None, 0))
+    return _train(cfg, rank, world, device, run_dir, progress, name, ranks=ranks, group=group,
+                  channel_group=channel_group, own=own, index=index, leader=leader,
+                  is_server=is_server)
+
+
+def _joined_run(run_dir) -> dict:
+    """The run.json of the running job that `--join` enters."""
+    try:
+        run = json.loads((Path(run_dir) / "run.json").read_text())
+        run["run_name"]
+        return run
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"--join: {run_dir} has no readable run.json: give --run-dir the "
+                          f"directory of the running job to join") from None
+
+
+def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Path, progress,
+           name: str, *, ranks: list[dict], group, channel_group, own: dict | None = None,
+           index: int | None = None, leader: int = 0, is_server: bool = False,
+           start_time: float | None = None, join: bool = False) -> Path:
+    """The process's run once it has its groups (`join`: none yet) and checkpoint;
+    `start_time`: the run's (a joiner's), else now or the checkpoint's."""
+    from hetsync.data import ShardSampler
+
+    spec, options = cfg.spec, cfg.mode_options()
+    workers = list(range(cfg.workers))
     data = cfg.load_data()
     # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
     # the data is not one batch; nothing is written before the data is known to be good
@@ -149,7 +182,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                         timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
-                        step_work=cfg.step_work)
+                        step_work=cfg.step_work, joining=join)
     mode = assembly.mode
     if own is not None:
         if own["optimizer"] is not None:  # (None: restarted in place of a lost rank)
@@ -164,35 +197,45 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
 
         membership = Membership(store, rank, workers, timeout=cfg.timeout,
                                 grace=cfg.regroup_grace)
-        mode.comm.channel.alarm = membership.alarm
+        if not join:  # (a joiner's channel comes with its admission)
+            mode.comm.channel.alarm = membership.alarm
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
                     if cfg.checkpoint_every > 0 else None)
     if own is not None and rank == 0:
         evaluation.drop_after(run_dir, own["loop"]["train_time"])
+    records = run_dir / f"worker-{rank}.jsonl"
+    if join:
+        checkpoint.cut_jsonl(records, lambda r: True)  # (a line cut short by its death)
+        reached = ledger.reached(read_jsonl(records)) if records.is_file() else None
     poster = loop = None
     try:
-        with JsonlWriter(run_dir / f"worker-{rank}.jsonl") as recorder:
+        with JsonlWriter(records) as recorder:
             loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
                                 test_set=data.test, device=device, recorder=recorder,
                                 run_dir=run_dir, store=store, progress=progress,
-                                checkpointer=checkpointer, membership=membership)
-            if own is None:
-                loop.evaluate_initial(0.0)
-            else:
+                                checkpointer=checkpointer, membership=membership,
+                                joining=join)
+            if own is not None:
                 loop.restore(own)
-            if world > 1:  # the workers start their clocks together (no synchronised clocks)
+            elif join:  # on where its recorded draws end (their work is in the global model)
+                if reached is not None:
+                    loop.start_at(reached["epoch"], reached["batch"])
+            else:
+                loop.evaluate_initial(0.0)
+            if world > 1 and not join:  # the workers start their clocks together
                 dist.barrier(group=group)
             t0 = time.perf_counter()
             # a resumed run keeps its start: its records' times go on from the checkpoint's
-            start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)
-            info = dict(cfg=cfg, name=name, world=world, ranks=ranks, start_time=start_time,
-                        mode_info=mode.describe())
+            if start_time is None:
+                start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)
+            info = dict(cfg=cfg, name=name, world=world, ranks=ranks, start_time=start_time)
             if own is not None:
                 info["resumed_from"] = {"checkpoint": index, "round": own["round"],
                                         "train_time": own["loop"]["train_time"],
                                         "restarted": own.get("lost", [])}
-            if rank == 0:
-                write_json_atomic(run_dir / "run.json", _run_info(**info))
+            if rank == 0 and not join:
+                write_json_atomic(run_dir / "run.json", _run_info(**info,
+                                                                  mode_info=mode.describe()))
             poster = _live_poster(cfg, run_dir, rank, name)
             state = loop.run(t0)
             # the leader: rank 0, or the lowest survivor once it was lost
@@ -210,10 +253,11 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
                 write_json_atomic(run_dir / "run.json", _run_info(
-                    **info, end_time=start_time + wall, wall_s=wall,
+                    **info, mode_info=mode.describe(), end_time=start_time + wall, wall_s=wall,
                     train_time=train_time,
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0,
-                    **({"lost_workers": membership.lost} if membership and membership.lost
+                    **({"lost_workers": loop.lost_workers()} if loop.lost_workers() else {}),
+                    **({"joined_workers": membership.joined} if membership and membership.joined
                        else {})))
             if poster is not None:
                 if loop.snapshots is not None and cfg.evaluator:  # its last evaluations go too

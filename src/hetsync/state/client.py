@@ -133,13 +133,15 @@ class StateClient:
         return self._request("GET", "/status")
 
     def traffic(self) -> dict | None:
-        """The server's request and byte counts (a run's `state-server.json`); None if it
-        cannot tell (gone)."""
+        """The server's request and byte counts, the ranks its run goes on without, and the
+        last round each other rank reported (a run's `state-server.json`); None if it cannot
+        tell (gone)."""
         try:
             status = self._request("GET", "/status", retry_s=1.0)
         except StateServerError:
             return None
-        return {k: status[k] for k in ("bytes_sent", "bytes_recv", "requests")}
+        return {**{k: status[k] for k in ("bytes_sent", "bytes_recv", "requests", "lost")},
+                "last_round": {str(r["rank"]): r["round"] for r in status["records"]}}
 
     def close(self) -> None:
         if self._conn is not None:

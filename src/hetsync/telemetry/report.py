@@ -33,7 +33,9 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
           + f", {s.get('network')}, collective {s.get('collective')}, lr {s.get('lr')}"
           + (f" ({s['lr_schedule']})" if s.get("lr_schedule", "constant") != "constant" else "")
           + (f"; went on without rank {', '.join(map(str, s['lost_workers']))}"
-             if s.get("lost_workers") else ""),
+             if s.get("lost_workers") else "")
+          + (f"; rank {', '.join(map(str, s['joined_workers']))} lost and joined again"
+             if s.get("joined_workers") else ""),
           file=stream)
     metric = metric_of_summary(s)
     tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_target"].items())

@@ -9,7 +9,8 @@ A run directory holds:
   ``eval_s`` and ``query_s``);
 - ``eval.jsonl``: ``t, train_time, round, samples_seen, test_acc, test_loss``;
 - ``ps.jsonl`` (optional): cumulative ``{t, bytes_sent, bytes_recv}`` of the parameter server;
-- ``state-server.json`` (optional): ``{bytes_sent, bytes_recv, requests}``.
+- ``state-server.json`` (optional): ``{bytes_sent, bytes_recv, requests, lost, last_round}``
+  (``last_round``: by rank, the last round the server's run had a report of).
 
 A process that crashed may leave its last JSONL line half written: that line is skipped with a
 :class:`RunLogWarning`. Any other unreadable line is an error (:class:`RunLogError`) naming the

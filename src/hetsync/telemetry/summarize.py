@@ -204,6 +204,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "collective": config.get("collective"),
         "complete": run.get("end_time") is not None,
         "lost_workers": run.get("lost_workers", []),
+        "joined_workers": run.get("joined_workers", []),
         "wall_s": wall,
         "rounds": max(rounds, default=0),
         "samples": samples,
