@@ -166,7 +166,10 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
             if event.kind == "stop-worker":
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(event.pause)
-                os.kill(pid, signal.SIGCONT)
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:  # killed while stopped (the run's end stops all)
+                    pass
             else:
                 os.kill(pid, signal.SIGKILL)
                 if mode not in REGROUPS and (event.kind == "kill-ps" or mode not in PS_MODES):
