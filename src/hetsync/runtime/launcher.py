@@ -105,6 +105,8 @@ class Cluster:
         #: the mode admits one: `Config.admits_workers`)
         self.rejoins = rejoins if cfg.admits_workers else 0
         self.rejoined: dict[str, int] = {}
+        #: a worker started to join: its log's length then (it says there when it joined)
+        self.joining: dict[str, int] = {}
         self.started = time.time()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -269,6 +271,8 @@ class Cluster:
         if not (records.exists() and records.stat().st_size > 0
                 and records.stat().st_mtime >= self.started):  # (a resumed run's are older)
             return False  # it died setting up: the others wait for it in a collective
+        if not any(self._member(other) for other in self.ranks() if other != name):
+            return False  # nobody left to go on (or to let a joiner in)
 
         self.lost.add(name)
         # the others need not wait for it (`membership.shared`: the workers read these keys
@@ -279,6 +283,16 @@ class Cluster:
         self.store.delete_key(f"{JOIN}/{rank}")  # (one that died asking to join)
         return True
 
+    def _member(self, name: str) -> bool:
+        """Whether worker `name` is running as a member of the job (not lost, and not a
+        process started to join that has not joined yet)."""
+        if name in self.lost or self.procs[name].poll() is not None:
+            return False
+        if name not in self.joining:
+            return True
+        return b"joined the run at round" in (self.logs / f"{name}.log").read_bytes()[
+            self.joining[name]:]
+
     def rejoin(self, name: str) -> bool:
         """Start the lost worker `name` again to join the running job (`--join`), up to
         `rejoins` times; whether it was."""
@@ -286,6 +300,8 @@ class Cluster:
             return False
         self.rejoined[name] = self.rejoined.get(name, 0) + 1
         self.lost.discard(name)
+        log = self.logs / f"{name}.log"
+        self.joining[name] = log.stat().st_size if log.exists() else 0
         self._start_rank(int(name.removeprefix("rank-")), join=True)
         return True
 

@@ -477,8 +477,13 @@ class TrainingLoop:
             raise err
         members, groups = self.membership.rebuild(err)
         self._new_groups(groups)
-        self.mode.rejoin()
-        self._take_leaders_counts(st, joined=False)
+        try:
+            self.mode.rejoin()
+            self._take_leaders_counts(st, joined=False)
+        except RuntimeError as lost:  # (gloo's, or a CommError): another lost meanwhile
+            return self._regroup(st, CommError(f"regroup {self.membership.generation}: a "
+                                               f"member was lost in the leader's broadcast: "
+                                               f"{lost}", op="regroup"))
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
@@ -493,9 +498,7 @@ class TrainingLoop:
         made fails them at the timeout: the members then regroup without it.)"""
         self.mode.settle()
         joining = self.membership.admit()
-        self._new_groups(self.membership.groups())
-        self.mode.admit(joined=False)
-        self._take_leaders_counts(st, joined=False)
+        self._share_with_joiners(st, joined=False)
         print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
               f"joined at round {self.mode.round} (workers "
               f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
@@ -507,13 +510,22 @@ class TrainingLoop:
         asked = time.perf_counter()
         if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
             return False
-        self._new_groups(self.membership.groups())
-        self.mode.admit(joined=True)
-        self._take_leaders_counts(st, joined=True)
+        self._share_with_joiners(st, joined=True)
         print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
               f"{time.perf_counter() - asked:.2f} s after asking (workers "
               f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
         return True
+
+    def _share_with_joiners(self, st: LoopState, joined: bool) -> None:
+        """Every member and joiner alike: the new groups, then the leader's global state
+        (`mode.admit`), counts and clock (`joined`: this worker is one that joins)."""
+        try:
+            self._new_groups(self.membership.groups())
+            self.mode.admit(joined)
+            self._take_leaders_counts(st, joined)
+        except RuntimeError as lost:  # (gloo's) a member or joiner lost: the members regroup
+            raise CommError(f"join of generation {self.membership.generation}: {lost}",
+                            op="join") from lost
 
     def _new_groups(self, groups: tuple) -> None:
         """The mode goes on with the membership's members on their new `groups`."""
