@@ -125,3 +125,19 @@ def test_a_time_budget_given_alone_is_the_stopping_rule():
     assert config_from_args(args, WORKER_DEFAULTS).epochs == 2
     args = build_parser().parse_args(["worker"])
     assert config_from_args(args, WORKER_DEFAULTS).epochs == 3
+
+
+@pytest.mark.parametrize("command", ["launch", "worker"])
+def test_a_text_data_set_alone_trains_the_transformer_with_adamw(command):
+    """`--dataset shakespeare` without -n/--optimizer/-l: gpt-char with AdamW at nanoGPT's
+    rate, under torchrun's `worker` as under `launch`; a flag given wins."""
+    from hetsync.cli import worker_config
+
+    def config(*argv):
+        args = build_parser().parse_args([command, "--dataset", "shakespeare", *argv])
+        return (launch_config(args)[0] if command == "launch" else worker_config(args))
+
+    cfg = config()
+    assert (cfg.network, cfg.optimizer, cfg.lr) == ("gpt-char", "adamw", 0.003)
+    cfg = config("--optimizer", "sgd", "-l", "0.2")
+    assert (cfg.network, cfg.optimizer, cfg.lr) == ("gpt-char", "sgd", 0.2)

@@ -141,3 +141,18 @@ def test_lower_priority_is_the_lowest_the_system_allows():
                          timeout=60).stdout.split()
     assert (out[0] == "SCHED_IDLE" and out[1] == "True") or (out[:2] == ["nice", "19"]
                                                                and out[-1] == "19")
+
+
+def test_the_evaluator_of_a_run_that_ended_before_it_started_does_not_wait(tmp_path):
+    """A short run can end while the evaluator still imports torch: it evaluates what is
+    left at once instead of waiting --timeout for workers that are done."""
+    run = tmp_path / "run"
+    _tiny_run(run, 2)
+    write_json_atomic(run / "run.json", {"run_name": "run", "end_time": time.time() - 30})
+    cfg = dataclasses.replace(Config.load(run / "config.json"), timeout=600.0)
+    cfg.save(run / "config.json")
+    proc = subprocess.run([sys.executable, "-m", "hetsync", "evaluate", str(run), "--follow"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "taken as dead" not in proc.stderr
+    assert len((run / "eval.jsonl").read_text().splitlines()) == 2 and not evaluation.pending(run)

@@ -155,3 +155,11 @@ def test_lookahead_is_an_outer_nesterov_step_every_k_steps():
         outer.step()
     torch.testing.assert_close(slow, param.detach())
     assert rounds == 3
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "samples", "fednova"])
+def test_a_contribution_stays_on_the_deltas_device(weighting):
+    """τ is made where the delta is (a CUDA model's delta: the sum's buffer is one tensor);
+    the meta device stands in for a GPU here."""
+    out = contribution(torch.zeros(5, device="meta"), 3, weighting)
+    assert out.device.type == "meta" and out.shape == (6,)

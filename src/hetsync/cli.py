@@ -148,11 +148,7 @@ def cmd_worker(args) -> int:
             raise ConfigError(f"--run-dir {args.run_dir} and --resume {args.resume}: give one "
                               f"(--resume continues that run directory)")
         args.run_dir = args.resume
-    base = (Config.load(args.config) if args.config else
-            _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
-    cfg = config_from_args(args, base).validate()
-    if args.resume:
-        _check_resumable(_resumed_config(args.resume), cfg, args.resume)
+    cfg = worker_config(args)
     if args.join:
         _check_joinable(cfg, args)
     if cfg.spec.state_server:
@@ -174,6 +170,20 @@ def cmd_worker(args) -> int:
 
         finish_run(run_dir, figures=not args.no_figures)
     return 0
+
+
+def worker_config(args) -> Config:
+    """What `hetsync worker` runs: launch's config file (`--config`), the resumed run's, or
+    the worker's defaults (with a text data set's model and optimizer), flags laid over it."""
+    base = (Config.load(args.config) if args.config else
+            _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
+    cfg = config_from_args(args, base)
+    if base is WORKER_DEFAULTS:  # (a config file already has launch's defaults)
+        cfg = _text_defaults(cfg, given=vars(args))
+    cfg = cfg.validate()
+    if args.resume:
+        _check_resumable(_resumed_config(args.resume), cfg, args.resume)
+    return cfg
 
 
 def _check_joinable(cfg: Config, args) -> None:

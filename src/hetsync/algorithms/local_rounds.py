@@ -117,7 +117,7 @@ class LocalRounds(Mode):
         self.settle()  # the previous round's sum, if it is still in flight
         params, stats = self.parameters(), bn_statistics(self.model)
         local = flatten(params)
-        sent_stats = pack(stats) if stats else torch.zeros(0)
+        sent_stats = pack(stats) if stats else local.new_zeros(0)
         self.length.round_over(self.round + 1)
         self._sent = (local, sent_stats)
         # [stats, ḡ_i (SCAFFOLD), weighted delta, τ], then 1 if this worker took local steps
@@ -125,7 +125,7 @@ class LocalRounds(Mode):
         # not counted)
         delta = local - self._global
         variate = (self.variates.contribution(delta) if self.variates is not None
-                   else torch.zeros(0))
+                   else local.new_zeros(0))
         buffer = with_count(torch.cat([sent_stats, variate, contribution(
             delta, self.local_steps, self.weighting)]), self.local_steps > 0)
         if self.overlap:

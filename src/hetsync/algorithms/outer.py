@@ -54,7 +54,7 @@ class OuterOptions:
 
 def contribution(delta: torch.Tensor, steps: int, weighting: str) -> torch.Tensor:
     """What worker i adds to the round's all-reduce: its weighted delta, then τ_i."""
-    tau = torch.tensor([float(steps)], dtype=delta.dtype)
+    tau = torch.tensor([float(steps)], dtype=delta.dtype, device=delta.device)
     if weighting == "uniform":
         return torch.cat([delta, tau])
     if weighting == "samples":

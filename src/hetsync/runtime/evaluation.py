@@ -194,17 +194,18 @@ def lower_priority() -> str:
             return "normal priority (neither SCHED_IDLE nor nice was allowed)"
 
 
-def _ended_since(run_dir: Path, since: float) -> bool:
-    """Whether the run's workers have finished since `since` (time.time()): run.json has an
-    end time after it (a resumed run's earlier end is before it)."""
+def _ended(run_dir: Path) -> bool:
+    """Whether the run's workers have finished: its run.json has an end time (rank 0 writes
+    run.json without one when an attempt starts, a resumed one too, and with one when it
+    ends; the launcher starts the evaluator only once this attempt's run.json is there).
+    Not "ended since the evaluator started": a short run may end while it imports torch."""
     import json
 
     try:
         run = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
         return False
-    end = run.get("end_time")
-    return isinstance(end, (int, float)) and end >= since
+    return isinstance(run.get("end_time"), (int, float))
 
 
 def _silent_for(run_dir: Path, since: float) -> float:
@@ -237,7 +238,7 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     device = torch.device("cpu")
     total = 0
     with JsonlWriter(run_dir / "eval.jsonl") as out:
-        while until_end and not _ended_since(run_dir, started):
+        while until_end and not _ended(run_dir):
             if _silent_for(run_dir, started) > cfg.timeout:
                 print(f"hetsync evaluate: no worker of {run_dir} has recorded a round for "
                       f"{cfg.timeout:g} s (--timeout); the run is taken as dead: evaluating "
