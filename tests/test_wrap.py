@@ -511,3 +511,83 @@ def test_the_users_own_collectives_on_the_default_group_work_beside_hetsync(mode
     assert averages[0] == averages[1] == averages[2]
     for _, params in out[1:]:  # finish() left every rank with the same model
         torch.testing.assert_close(params, out[0][1])
+
+
+def _one_dies(rank, world, run_dir):
+    import os
+
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    if hetsync.serve_parameters(optimizer, model, mode="async", run_dir=run_dir, timeout=30):
+        return None
+    x_all, y_all, loader = _task(rank, 40)
+    opt = hetsync.wrap(optimizer, model, mode="async", run_dir=run_dir, timeout=30)
+    start = _loss(model, x_all, y_all)
+    for i, (x, y) in enumerate(loader):
+        if rank == 1 and i == 5:
+            os._exit(9)   # kill -9: no goodbye, no word in the store
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    began = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.finish()
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    return time.monotonic() - began, said, opt.lost_workers, start, _loss(model, x_all, y_all)
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_ends_without_a_worker_that_died(tmp_path):
+    """kill -9 of a worker in `async`: the server sees its connection close and tells the
+    others, whose finish() returns with the server's model at once (not after the
+    timeout), naming the lost worker; the records say so."""
+    ended, died, served = run_ranks(_one_dies, 3, tmp_path, timeout=120, allow_failures=True)
+    assert isinstance(died, RuntimeError) and "exit code 9" in str(died) and served is None
+    took, said, lost, start, end = ended
+    assert took < 30 and lost == [1]   # well within the 30 s timeout it would have waited
+    assert any("worker 1 was lost" in s and "ends without it" in s for s in said), said
+    assert end < start                 # it trained, and ended with a model
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["lost_workers"] == [1]
+    assert json.loads((tmp_path / "ps.jsonl").read_text().splitlines()[-1])["lost"] == [1]
+
+
+def _esync_one_dies(rank, world, run_dir):
+    import os
+
+    torch.manual_seed(rank)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="esync-outer",
+                       run_dir=run_dir, timeout=30, slowdown=1.0 + rank)
+    x_all, y_all, loader = _task(rank, 60)
+    start = _loss(model, x_all, y_all)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (x, y) in enumerate(loader):
+            if rank == 1 and i == 10:
+                os._exit(9)   # kill -9
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        opt.finish()
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    return (said, opt.lost_workers, opt.workers, start, _loss(model, x_all, y_all),
+            torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+
+
+@pytest.mark.slow
+def test_a_wrapped_esync_run_goes_on_without_a_worker_that_died(tmp_path):
+    """kill -9 of a worker in ESync's background rounds under `wrap`: the survivors regroup
+    as under `launch`, name the lost worker, train on, and end with one model."""
+    first, died, last = run_ranks(_esync_one_dies, 3, tmp_path, timeout=150,
+                                  allow_failures=True)
+    assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
+    for said, lost, workers, start, end, _ in (first, last):
+        assert lost == [1] and workers == 2
+        assert any("worker(s) 1 lost; the others go on" in s for s in said), said
+        assert end < start
+    torch.testing.assert_close(first[-1], last[-1])   # one model at the end
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["lost_workers"] == [1]

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from hetsync.algorithms import registry
-from hetsync.algorithms.base import ControlPath, Step
+from hetsync.algorithms.base import Action, ControlPath, Step
 from hetsync.config import COLLECTIVES
 from hetsync.runtime.assembly import assemble
 from hetsync.comm.errors import CommError
@@ -78,6 +78,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
       stamped with the training time so far;
     - ``set_epoch(epoch)``: the epoch of the next steps, for the records;
     - ``finish()``: the agreed stop; every worker ends with what ``global_model()`` shows;
+      in the asynchronous (parameter-server) modes a worker that died or fell silent for
+      ``timeout`` is not waited for: the others end without it, naming it in a warning,
+      in ``lost_workers`` and in run.json;
     - ``run_dir`` (where the records go, or None), ``round``, ``clock`` (seconds waiting
       and communicating), ``mode``.
     """
@@ -136,18 +139,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                      group=group, collective=collective, timeout=timeout,
                                      state_server=state_server or ("127.0.0.1", 10010),
                                      state_token=token, ps_rank=ps_rank, slowdown=slowdown)
-            self._connect(model, rank, workers, store, prefix, run_dir, slowdown=slowdown,
-                          collective=collective, options=opts, timeout=timeout)
+            self._connect(model, rank, workers, store, prefix, run_dir, group=group,
+                          slowdown=slowdown, collective=collective, options=opts,
+                          timeout=timeout)
         except BaseException:  # nothing left running behind a one-line error
             self._close(wait=False)
             raise
 
-    def _connect(self, model, rank: int, workers: int, store, prefix: str, run_dir,
+    def _connect(self, model, rank: int, workers: int, store, prefix: str, run_dir, group,
                  **record) -> None:
         """The stop's bookkeeping and the records, once the mode is assembled."""
         self.mode = self.assembly.mode
         common_round = workers > 1 and self.mode.control is not ControlPath.STORE
-        self._store_join = (StoreJoin(store, prefix, rank, workers, record["timeout"])
+        # (the asynchronous modes' server goes on without a lost worker: so do the others)
+        self._store_join = (StoreJoin(store, prefix, rank, workers, record["timeout"],
+                                      can_lose=self.assembly.spec.parameter_server)
                             if workers > 1 and not common_round else None)
         #: a mode whose sums do not count their contributors (a plugin's): the joined are
         #: counted by a one-float all-reduce after every round instead
@@ -161,6 +167,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if workers > 1:  # a worker that leaves early says why (`failure`)
             self._departures = Departures(store, prefix, rank, workers)
             atexit.register(self._exit_without_finish)
+        self._membership = None
+        if (common_round and group is None and self.mode.comm.channel is not None
+                and not self.assembly.spec.needs_parameter_server(record["collective"])
+                and self.mode.goes_on_without_a_worker(self.mode.options)):
+            from hetsync.runtime.membership import Membership
+
+            # the survivors of a lost worker regroup and go on, as under `launch` (ESync's
+            # background rounds; the whole world's workers, whose ranks are global ranks)
+            self._membership = Membership(dist.PrefixStore(f"{prefix}/", store), rank,
+                                          list(range(workers)), timeout=record["timeout"])
+            self.mode.comm.channel.alarm = self._membership.alarm
         self._step_started = self.mode.comm.timer.begin()
 
     def _exit_without_finish(self) -> None:
@@ -244,6 +261,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # sums count their contributors; elsewhere its zeroed gradient goes in.
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
+        applying, applied_waited = time.perf_counter(), clock.total()
         try:
             mode.poll()
             action = mode.decide(Step(self._step_started, ended))
@@ -253,7 +271,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         except PEER_FAILURES as err:
             if self._departures is None:
                 raise
-            raise self._failure(err) from err
+            self._regroup(err)  # (or raises): the round is dropped
+            action, finished_round = Action.LOCAL, mode.round
         finally:
             mode.joined = mode.joined and not sits_out
         if action.ends_round and self._count_joined:
@@ -328,19 +347,59 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._store_join is not None:
                 self._store_join.wait_for_all(meanwhile=mode.poll)
             elif mode.comm.workers > 1:
-                while not self._everyone_joined(mode.join_step()):
+                while not self._everyone_joined(self._join_step()):
                     pass
             mode.finish()
             if mode.comm.workers > 1 and not self.assembly.spec.parameter_server:
                 self._adopt_last_joiners_model(joined_at)
             if self._recorder is not None:
-                self._recorder.finish(joined_at)
+                self._recorder.finish(joined_at, self.lost_workers)
         except PEER_FAILURES as err:
             if self._departures is None:
                 raise
             raise self._failure(err) from err
         finally:
             self._close()
+
+    @property
+    def lost_workers(self) -> list[int]:
+        """The workers the run went on or ended without (named in a warning then)."""
+        lost = set(self._store_join.lost) if self._store_join is not None else set()
+        return sorted(lost | set(self._membership.lost if self._membership else ()))
+
+    def _join_step(self):
+        """A finished worker's part in the others' round (`Mode.join_step`); a lost peer
+        there is regrouped around as in `step`."""
+        try:
+            return self.mode.join_step()
+        except PEER_FAILURES as err:
+            self._regroup(err)
+            return Action.LOCAL  # (the round was dropped: the next one decides)
+
+    def _regroup(self, err: BaseException) -> None:
+        """A peer was lost in a mode whose workers go on without one (ESync's background
+        rounds): the survivors agree on who they are through the store and make new groups
+        (`runtime/membership.py`, as `launch`'s workers do), and take the lowest survivor's
+        global state (`Mode.rejoin`); the round in flight is dropped. Elsewhere, or when no
+        peer was lost, the failure is raised, naming who left and why."""
+        if self._membership is None:
+            raise self._failure(err) from err
+        cause = err if isinstance(err, CommError) else CommError(str(err), op="hetsync.wrap")
+        try:
+            members, groups = self._membership.rebuild(cause)
+        except CommError as failed:
+            raise self._failure(failed) from err
+        comm = self.mode.comm
+        comm.regroup(members, *groups, generation=self._membership.generation)
+        if comm.channel is not None:
+            comm.channel.alarm = self._membership.alarm
+        try:
+            self.mode.rejoin()
+        except PEER_FAILURES as lost:  # another one lost in the leader's broadcast
+            return self._regroup(lost)
+        warnings.warn(f"hetsync: worker(s) {', '.join(map(str, self._membership.lost))} "
+                      f"lost; the others go on from round {self.mode.round} (workers "
+                      f"{', '.join(map(str, members))})", RuntimeWarning, stacklevel=4)
 
     def _close(self, wait: bool = True) -> None:
         """Stop the background channel, the state-server connection and the state server
@@ -365,7 +424,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         those): the others stopped updating on their own schedule (e.g. a learning-rate
         schedule stepped fewer times), as torch's `Join` does for DDP."""
         comm = self.mode.comm
-        key = torch.tensor([joined_at * comm.workers + comm.workers - 1 - comm.rank],
+        me = dist.get_rank(comm.group) if comm.group is not None else comm.rank
+        key = torch.tensor([joined_at * comm.workers + comm.workers - 1 - me],
                            dtype=torch.int64, device=comm.wire_device)
         dist.all_reduce(key, op=dist.ReduceOp.MAX, group=comm.group)
         self.mode.broadcast_model(src=comm.workers - 1 - int(key) % comm.workers)
@@ -507,9 +567,10 @@ class RunRecorder:
                            "round": self.mode.round - 1, "test_acc": float(test_acc),
                            "test_loss": None if test_loss is None else float(test_loss)})
 
-    def finish(self, joined_at: int) -> None:
+    def finish(self, joined_at: int, lost: list[int]) -> None:
         """The steps since the last round's end went out with the first round after this
-        worker joined (`joined_at`): their record, with the wait for the others since."""
+        worker joined (`joined_at`): their record, with the wait for the others since; the
+        workers the run ended without (`lost`) in run.json."""
         self._hook.remove()
         if self.round.steps or self.mode.comm.clock.total() > 0:  # steps, or the wait
             self.records.write(self.round.record(self.mode, self.rank, joined_at, self.t0,
@@ -527,7 +588,7 @@ class RunRecorder:
                 "train_time": self.train_time(),
                 # an evaluation pauses the others at the next common round
                 "paused_s": self.eval_total if self.mode.control is not ControlPath.STORE
-                else 0.0})
+                else 0.0, **({"lost_workers": lost} if lost else {})})
 
 
 def _new_run_dir(log_dir, name: str | None, rank: int, store, prefix: str) -> Path:
@@ -657,16 +718,20 @@ def serve_parameters(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
         return False
     spec.worker.check_optimizer(optimizer)
     DistributedOptimizer._made += 1  # (the workers count their `wrap`: the same prefix)
+    prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
+    store = dist.distributed_c10d._get_default_store()
     if log_dir is not None and run_dir is None:  # the name rank 0 gives the run
-        store = dist.distributed_c10d._get_default_store()
-        run_dir = _new_run_dir(log_dir, None, ps_rank, store,
-                               f"hetsync/wrap/{DistributedOptimizer._made}")
+        run_dir = _new_run_dir(log_dir, None, ps_rank, store, prefix)
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
     workers = [r for r in range(dist.get_world_size()) if r != ps_rank]
+
+    def gone(rank: int, why: str) -> None:  # the workers' stop goes on without it
+        StoreJoin.mark_lost(store, prefix, workers.index(rank), why)
+
     serve_and_record(parameter_server(spec, spec.make_options(options), model,
-                                      optimizer.param_groups[0]["lr"], workers, timeout),
-                     run_dir)
+                                      optimizer.param_groups[0]["lr"], workers, timeout,
+                                      gone=gone), run_dir)
     return True
 
 

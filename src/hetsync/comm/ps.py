@@ -128,6 +128,8 @@ class ParameterServer:
             raise.
         known_lost: the workers someone outside knows are dead (``launch`` marks them in the
             store); asked after each goodbye, so the server need not linger for them.
+        gone: called with each worker the server serves no more without its goodbye (lost
+            or refused), so that the others need not wait for it (``hetsync.wrap``'s stop).
 
     The loop, one request at a time:
 
@@ -153,7 +155,8 @@ class ParameterServer:
     def __init__(self, worker_ranks: Iterable[int], rule: ServerRule | None = None,
                  timeout: float | None = None, numel: int | None = None,
                  sum_numel: int | None = None, linger: float | None = None,
-                 known_lost: Callable[[], Iterable[int]] | None = None):
+                 known_lost: Callable[[], Iterable[int]] | None = None,
+                 gone: Callable[[int, str], None] | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -175,6 +178,7 @@ class ParameterServer:
         self.sum_numel = numel if sum_numel is None else sum_numel
         self.linger = linger
         self.known_lost = known_lost
+        self.gone = gone
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
@@ -237,6 +241,8 @@ class ParameterServer:
             if worker in open_workers:
                 self.stats.lost.append(worker)
                 close(worker)
+                if self.gone is not None:
+                    self.gone(worker, "was lost: the parameter server saw its connection close")
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         inbox = p2p.Inbox(self.workers, numel=HEADER_LEN, dtype=torch.int64, view=self._view,
@@ -282,6 +288,8 @@ class ParameterServer:
                     self.stats.refused.append({"rank": src, "field": err.field,
                                                "error": str(err)})
                     close(src)
+                    if self.gone is not None:
+                        self.gone(src, f"was refused by the parameter server: {err}")
                     continue
                 except CommError:  # its payload never came: it died mid-request
                     lose(src)

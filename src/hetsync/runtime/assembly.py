@@ -100,13 +100,14 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
 
 def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
-                     worker_ranks: list[int], timeout: float):
+                     worker_ranks: list[int], timeout: float, gone=None):
     """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
     `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
     ESync and SelSync over `--collective ps`). A worker that died never says goodbye: once
     the others have, it is given up after `linger` (the asynchronous modes go on without
-    it), or at once where the launcher has marked it dead in the store."""
+    it), or at once where the launcher has marked it dead in the store. `gone`: see
+    `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -126,7 +127,7 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     return ParameterServer(worker_ranks, rule, timeout=timeout,
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
-                           linger=min(timeout, 30.0), known_lost=lost)
+                           linger=min(timeout, 30.0), known_lost=lost, gone=gone)
 
 
 def serve_and_record(server, run_dir: Path | None):

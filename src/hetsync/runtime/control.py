@@ -103,7 +103,10 @@ class StoreJoin:
     2. `wait_for_all` adds this worker to the count, then polls it (calling `meanwhile`: e.g.
        eager-SGD applies the rounds its engine still takes part in) until it is P;
     3. a worker that has neither joined nor beaten for `timeout` seconds is named in a
-       `CommTimeoutError`: dead or stuck, it is not waited for forever;
+       `CommTimeoutError`: dead or stuck, it is not waited for forever — unless the mode can
+       go on without it (`can_lose`: the asynchronous ones), where it is counted lost
+       instead, as is one the parameter server marked lost (`mark_lost`: its connection
+       closed), and the others end without it, naming it in a warning;
     4. every worker says when it reads the count no more (`left`: it saw P, or gave up);
        worker 0, whose process holds the store unless torchrun's agent does, waits (at
        most `timeout`, then warns) until all have, so that none still polling finds the
@@ -113,13 +116,30 @@ class StoreJoin:
     BEAT_EVERY = 1.0  # seconds
     POLL = 0.05
 
-    def __init__(self, store, prefix: str, rank: int, workers: int, timeout: float):
+    def __init__(self, store, prefix: str, rank: int, workers: int, timeout: float, *,
+                 can_lose: bool = False):
         self.store, self.prefix, self.rank = store, prefix, rank
-        self.workers, self.timeout = workers, timeout
+        self.workers, self.timeout, self.can_lose = workers, timeout, can_lose
         self._last_beat = float("-inf")
+        #: the workers this one ended without: lost (worker index -> why)
+        self.lost: dict[int, str] = {}
 
     def _key(self, what: str, rank: int | None = None) -> str:
         return f"{self.prefix}/{what}" + ("" if rank is None else f"/{rank}")
+
+    @staticmethod
+    def mark_lost(store, prefix: str, worker: int, why: str) -> None:
+        """Tell the workers that `worker` (its index among them) is gone for good (the
+        parameter server saw its connection close): none waits for it at the stop."""
+        try:
+            store.set(f"{prefix}/lost/{worker}", why[:200])
+        except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting
+            pass
+
+    def _lose(self, worker: int, why: str) -> None:
+        self.lost[worker] = why
+        warnings.warn(f"hetsync: worker {worker} {why}; the run ends without it",
+                      RuntimeWarning, stacklevel=5)  # (the user's finish())
 
     def beat(self) -> None:
         now = time.monotonic()
@@ -145,29 +165,36 @@ class StoreJoin:
 
         others = [r for r in range(self.workers) if r != self.rank]
         seen = {r: (None, time.monotonic()) for r in others}
-        while int(self.store.add(self._key("joined"), 0)) < self.workers:
+        while int(self.store.add(self._key("joined"), 0)) + len(self.lost) < self.workers:
             meanwhile()
             time.sleep(self.POLL)
             now = time.monotonic()
             for r in others:
-                if self.store.check([self._key("joined", r)]):
+                if r in self.lost or self.store.check([self._key("joined", r)]):
+                    continue
+                if self.can_lose and self.store.check([self._key("lost", r)]):
+                    self._lose(r, self.store.get(self._key("lost", r)).decode())
                     continue
                 beats = int(self.store.add(self._key("alive", r), 0))
                 if beats != seen[r][0]:
                     seen[r] = (beats, now)
                 elif now - seen[r][1] > self.timeout:
-                    raise CommTimeoutError(
-                        f"worker {r} has neither stepped nor finished for {self.timeout:g} s "
-                        f"while this one waits for every worker to finish (dead or stuck?)",
-                        op="wrap/join", seconds=self.timeout)
+                    silent = (f"has neither stepped nor finished for {self.timeout:g} s "
+                              f"while this one waits for every worker to finish")
+                    if self.can_lose:
+                        self.mark_lost(self.store, self.prefix, r, f"was lost: it {silent}")
+                        self._lose(r, f"was lost: it {silent}")
+                        continue
+                    raise CommTimeoutError(f"worker {r} {silent} (dead or stuck?)",
+                                           op="wrap/join", seconds=self.timeout)
 
     def _until_all_left(self) -> None:
         """Worker 0: wait (at most `timeout`) until every worker has read the count for the
         last time; one that has not by then (it died after joining) is named in a warning."""
         end = time.monotonic() + self.timeout
         while True:
-            staying = [r for r in range(self.workers)
-                       if not self.store.check([self._key("left", r)])]
+            staying = [r for r in range(self.workers) if r not in self.lost
+                       and not self.store.check([self._key("left", r)])]
             if not staying:
                 return
             if time.monotonic() >= end:
