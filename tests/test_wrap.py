@@ -559,7 +559,7 @@ def _esync_one_dies(rank, world, run_dir):
 
     torch.manual_seed(rank)
     model = _model()
-    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="esync-outer",
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="esync-outer",
                        run_dir=run_dir, timeout=30, slowdown=1.0 + rank)
     x_all, y_all, loader = _task(rank, 60)
     start = _loss(model, x_all, y_all)

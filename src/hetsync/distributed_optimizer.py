@@ -386,17 +386,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise self._failure(err) from err
         cause = err if isinstance(err, CommError) else CommError(str(err), op="hetsync.wrap")
         try:
-            members, groups = self._membership.rebuild(cause)
+            members = self._membership.go_on(self.mode, cause)
         except CommError as failed:
             raise self._failure(failed) from err
-        comm = self.mode.comm
-        comm.regroup(members, *groups, generation=self._membership.generation)
-        if comm.channel is not None:
-            comm.channel.alarm = self._membership.alarm
-        try:
-            self.mode.rejoin()
-        except PEER_FAILURES as lost:  # another one lost in the leader's broadcast
-            return self._regroup(lost)
         warnings.warn(f"hetsync: worker(s) {', '.join(map(str, self._membership.lost))} "
                       f"lost; the others go on from round {self.mode.round} (workers "
                       f"{', '.join(map(str, members))})", RuntimeWarning, stacklevel=4)

@@ -244,6 +244,30 @@ class Membership:
         except Exception:  # noqa: BLE001 - a store out of reach has nobody waiting on it
             pass
 
+    def go_on(self, mode, cause: BaseException, then=lambda: None) -> list[int]:
+        """The survivors of a lost member go on (the training loop and `hetsync.wrap`
+        alike): `rebuild`, `mode.comm` on the new groups, the leader's global state
+        (`mode.rejoin`), then `then()` (the caller's own state from the leader); a member
+        lost meanwhile is regrouped around in turn. Returns the members; raises as
+        `regroup` does."""
+        while True:
+            members, groups = self.rebuild(cause)
+            self.use(mode.comm, groups)
+            try:
+                mode.rejoin()
+                then()
+                return members
+            except RuntimeError as lost:  # (gloo's, or a CommError): another lost meanwhile
+                cause = CommError(f"regroup {self.generation}: a member was lost in the "
+                                  f"leader's broadcast: {lost}", op="regroup")
+
+    def use(self, comm, groups: tuple) -> None:
+        """`comm` goes on with the members on their new `groups` (its channel's waits
+        watch for the next alarm)."""
+        comm.regroup(self.members, *groups, generation=self.generation)
+        if comm.channel is not None:
+            comm.channel.alarm = self.alarm
+
     def rebuild(self, cause: BaseException) -> tuple[list[int], tuple]:
         """`regroup`, then `groups`; if a member is lost while they are made, regroup again
         without it. Returns the members and their groups; raises as `regroup` does."""

@@ -475,15 +475,8 @@ class TrainingLoop:
         `err` where the run cannot go on."""
         if self.membership is None:
             raise err
-        members, groups = self.membership.rebuild(err)
-        self._new_groups(groups)
-        try:
-            self.mode.rejoin()
-            self._take_leaders_counts(st, joined=False)
-        except RuntimeError as lost:  # (gloo's, or a CommError): another lost meanwhile
-            return self._regroup(st, CommError(f"regroup {self.membership.generation}: a "
-                                               f"member was lost in the leader's broadcast: "
-                                               f"{lost}", op="regroup"))
+        members = self.membership.go_on(
+            self.mode, err, then=lambda: self._take_leaders_counts(st, joined=False))
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
@@ -520,19 +513,12 @@ class TrainingLoop:
         """Every member and joiner alike: the new groups, then the leader's global state
         (`mode.admit`), counts and clock (`joined`: this worker is one that joins)."""
         try:
-            self._new_groups(self.membership.groups())
+            self.membership.use(self.mode.comm, self.membership.groups())
             self.mode.admit(joined)
             self._take_leaders_counts(st, joined)
         except RuntimeError as lost:  # (gloo's) a member or joiner lost: the members regroup
             raise CommError(f"join of generation {self.membership.generation}: {lost}",
                             op="join") from lost
-
-    def _new_groups(self, groups: tuple) -> None:
-        """The mode goes on with the membership's members on their new `groups`."""
-        comm = self.mode.comm
-        comm.regroup(self.membership.members, *groups, generation=self.membership.generation)
-        if comm.channel is not None:
-            comm.channel.alarm = self.membership.alarm
 
     def _take_leaders_counts(self, st: LoopState, joined: bool) -> None:
         """The leader's counts of samples and evaluations, on every member; `joined`: also
