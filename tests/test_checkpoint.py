@@ -467,7 +467,8 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
 def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     """async, 3 workers: kill -9 of rank 0 (which evaluated and proposed the stop): the
     parameter server loses it at once, rank 1 takes the lead once launch has marked it dead,
-    and the run ends at its budget on one accuracy curve (issue 31)."""
+    and the run ends at its budget on one accuracy curve (issue 31); it resumes from a
+    checkpoint written after the loss."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
@@ -496,3 +497,12 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     assert summary["final_accuracy"] == pytest.approx(evals[-1]["test_acc"]) and \
         evals[-1]["test_acc"] >= 0.70
     assert summary["ledger"]["batches_twice"] == 0, summary["ledger"]
+    # its checkpoints after the loss name rank 0 lost: the run resumes from the newest
+    # (rank 1's global model), rank 0 restarted in it
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
+         "13", "--quiet", "--no-figures"], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    started = json.loads((run / "run.json").read_text())["resumed_from"]
+    assert started["restarted"] == [0] and started["train_time"] >= 9.0, started
+    assert json.loads((run / "summary.json").read_text())["complete"]

@@ -359,7 +359,7 @@ class TrainingLoop:
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode,
                  # written without these ranks' files: a resume restarts them (checkpoint.py)
-                 "lost": list(self.membership.lost) if self.membership is not None else [],
+                 "lost": self.lost_workers(),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
                  "data": {"epoch": self._position[0], "batch": self._position[1],
                           "drawn": [list(r) for r in unrecorded]},
