@@ -62,7 +62,7 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds):
                 averaged = flatten(list(twin.parameters()))
                 dist.all_reduce(averaged, group=group)
                 unflatten_into(averaged / world, list(twin.parameters()))
-            algo.apply(action)
+            algo.perform(action)
         delta = flatten(list(fast.parameters())) - hand.detach()
         dist.all_reduce(delta, group=group)
         hand.grad = -delta / world
@@ -215,7 +215,7 @@ def test_diloco_keeps_its_inner_adamw_state_across_rounds():
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         algo.poll()
-        algo.apply(algo.decide(Step(0.0, 0.01)))
+        algo.perform(algo.decide(Step(0.0, 0.01)))
     assert algo.round == 3  # two rounds of two inner steps done
     state = opt.state[model.conv.weight]
     assert int(state["step"]) == 4 and state["exp_avg_sq"].abs().sum() > 0  # not reset

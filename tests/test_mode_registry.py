@@ -47,7 +47,6 @@ class PeriodicAveraging(Mode):
         if action is Action.AVERAGE_MODELS:
             mean = self.comm.all_reduce(flatten(self.parameters())) / self.comm.workers
             unflatten_into(mean, self.parameters())
-            self.round += 1
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "steps": self.steps}  # the round's place, resumed

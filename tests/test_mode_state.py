@@ -65,7 +65,7 @@ def _round_trip(rank, world, mode, module, state_port):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(algo.module(x), y).backward()
         algo.poll()
-        algo.apply(algo.decide(Step(float(i), i + 0.01)))
+        algo.perform(algo.decide(Step(float(i), i + 0.01)))
     if hasattr(algo, "settle"):
         algo.settle()
     saved = algo.state_dict()

@@ -67,10 +67,10 @@ def _esync_each_collective(rank, world, state_port):
         expected = torch.cat([local, stats])
         dist.all_reduce(expected, group=group)
         expected /= workers
-        algo.apply(Action.AVERAGE_MODELS)
+        algo.perform(Action.AVERAGE_MODELS)
         if overlap:  # a step while the sum travels is kept on top of it (CoCoD-SGD)
             _step(model, opt, rank)
-            algo.apply(Action.LOCAL)
+            algo.perform(Action.LOCAL)
             drift = torch.cat([flatten(list(model.parameters())),
                                flatten(bn_statistics(model))]) - torch.cat([local, stats])
             algo.settle()
@@ -124,7 +124,7 @@ def _esync_scaffold(rank, world, state_port):
         before = flatten(list(model.parameters()))
         correction = (torch.zeros_like(raw) if algo.variates.own is None
                       else algo.variates.common - algo.variates.own)
-        algo.apply(Action.AVERAGE_MODELS)
+        algo.perform(Action.AVERAGE_MODELS)
         algo.settle()
         # torch.distributed's own sums, for reference: the gradients, and the local models
         # after a step corrected by c − c_i (the global model is their mean: one step each)
@@ -162,7 +162,7 @@ def _sync_step(rank, world):
     algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring"))
     algo.setup()
     _step(model, opt, rank)
-    algo.apply(algo.decide(Step(0.0, 0.01)))
+    algo.perform(algo.decide(Step(0.0, 0.01)))
     # Reference: one process, one SGD step on the mean of every worker's mean gradient.
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
@@ -203,7 +203,7 @@ def _async_pushes(rank, world, mode):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         losses.append(float(loss))
-        algo.apply(algo.decide(Step(0.0, 0.01)))
+        algo.perform(algo.decide(Step(0.0, 0.01)))
     algo.finish()
     return losses
 

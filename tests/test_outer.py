@@ -110,7 +110,7 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(algo.module(x), y).backward()
         algo.poll()
-        algo.apply(algo.decide(Step(float(i), i + 0.01)))
+        algo.perform(algo.decide(Step(float(i), i + 0.01)))
     with algo.global_model():
         slow = flatten(list(model.parameters())).clone()
     rounds = algo.round

@@ -67,7 +67,7 @@ def _step(algo, opt, model, rank, k, vote=None):
     action = algo.decide(Step(0.0, 0.01))
     if vote is not None:
         algo._vote = vote  # the rule's outcome, forced: what the others do with it
-    algo.apply(action)
+    algo.perform(action)
     return action, grad
 
 
@@ -109,7 +109,7 @@ def _against_sync(rank, world, steps):
         x, y = batch(rank + 10 * k, 16)
         ref_opt.zero_grad()
         torch.nn.functional.cross_entropy(ref(x), y).backward()
-        sync.apply(sync.decide(Step(0.0, 0.01)))
+        sync.perform(sync.decide(Step(0.0, 0.01)))
     return synced, flatten(list(model.parameters())), flatten(list(ref.parameters()))
 
 

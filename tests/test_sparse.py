@@ -180,7 +180,7 @@ def _sparse_run(rank, world, mode, steps, options):
         x, y = torch.randn(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(algo.module(x), y).backward()
-        algo.apply(algo.decide(Step(float(i), i + 0.01)))
+        algo.perform(algo.decide(Step(float(i), i + 0.01)))
         views.append(flatten(params).clone())
     after = meter.totals()
     # finish() pulls the server's view once more, and a DGS pull renews S (the others' next

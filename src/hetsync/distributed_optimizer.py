@@ -267,7 +267,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             action = mode.decide(Step(self._step_started, ended))
             finished_round = mode.round
             applying, applied_waited = time.perf_counter(), clock.total()
-            mode.apply(action)
+            mode.perform(action)
         except PEER_FAILURES as err:
             if self._departures is None:
                 raise

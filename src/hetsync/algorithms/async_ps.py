@@ -140,7 +140,6 @@ class AsynchronousSGD(Mode):
         with self.comm.clock.phase("comm"):
             weights = self.comm.ps_client.push_pull(grad, rate=self.lr)  # its schedule too
         unflatten_into(weights.to(self._device()), self.parameters())
-        self.round += 1
 
     def finish(self) -> None:
         """Take the server's weights (after every worker's last push, under hetsync.wrap's

@@ -85,7 +85,6 @@ class AsyncLocalRounds(Mode):
         self._take(answer[:-1])
         self.length = FixedSteps(int(answer[-1]))
         self.local_steps = 0
-        self.round += 1
 
     def global_model(self):
         """Hold the weights last received meanwhile."""
@@ -96,6 +95,7 @@ class AsyncLocalRounds(Mode):
         then waits for the others without pushing."""
         if self.local_steps:
             self._push()
+            self.round += 1  # (a round ended outside `perform`)
         super().join()
 
     def finish(self) -> None:

@@ -12,7 +12,9 @@ It never opens files or prints. The training loop (and ``hetsync.wrap``) drives 
 4. ``action = mode.decide(step)``: *what* this step does (:class:`Action`), decided without
    I/O from what the step measured (:class:`Step`) and the mode's state; the rules behind it
    are pure functions (``state/policy.py``);
-5. ``mode.apply(action)``: do it — the local update and whatever communication it needs;
+5. ``mode.perform(action)``: do it (``apply``) — the local update and whatever communication it
+   needs — then count the round if the action ended one (``round``: the base class's, not the
+   mode's);
 6. at the end of training ``mode.finish()``; evaluation runs inside ``mode.global_model()``.
 
 The loop's own agreement (samples seen, evaluate, stop) travels apart from the model traffic,
@@ -267,8 +269,16 @@ class Mode:
         raise NotImplementedError
 
     def apply(self, action: Action) -> None:
-        """Do what `decide` said: the local update and the communication it needs."""
+        """Do what `decide` said: the local update and the communication it needs (the
+        round counter is not the mode's: `perform` counts the round an action ends)."""
         raise NotImplementedError
+
+    def perform(self, action: Action) -> None:
+        """What the loop and `hetsync.wrap` call: `apply`, then count the round `action`
+        ended, if it ended one."""
+        self.apply(action)
+        if action.ends_round:
+            self.round += 1
 
     def settle(self) -> None:
         """Complete what is in flight (a background aggregation), so that `state_dict` is
@@ -296,7 +306,7 @@ class Mode:
         now = time.perf_counter()
         self.poll()
         action = self.decide(Step(now, now))
-        self.apply(action)
+        self.perform(action)
         return action
 
     @classmethod

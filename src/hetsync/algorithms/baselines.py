@@ -119,7 +119,6 @@ class DistributedDataParallelSGD(Mode):
 
     def apply(self, action: Action) -> None:
         self.optimizer.step()
-        self.round += 1
 
     def describe(self) -> dict[str, Any]:
         return {"api": f"{_DDP_API} + ddp_comm_hooks.default_hooks.allreduce_hook",
@@ -194,8 +193,6 @@ class PostLocalSGD(DistributedDataParallelSGD):
             _meter_ring(self.n_params, self.comm.workers)
         else:
             self.optimizer.step()
-        if action.ends_round:
-            self.round += 1
 
     def describe(self) -> dict[str, Any]:
         return {"api": f"{_DDP_API} + post_localSGD_hook + torch.distributed.optim."

@@ -111,7 +111,6 @@ class EagerSGD(Mode):
         if self._engine_job is None:  # one worker: a round is its own step
             self.optimizer.step()
             self.applied += 1
-            self.round += 1
             return
         grad = flatten(gradients(self.parameters()))
         ticket = self.engine.post(grad, self.applied - self._first)
@@ -120,7 +119,6 @@ class EagerSGD(Mode):
         applied = self._apply_rounds()
         self._last = {"staleness": self.engine.staleness[-1] if self.engine.staleness else 0,
                       "rounds_applied": applied}
-        self.round += 1
 
     def _apply_rounds(self) -> int:
         """One optimizer step per completed round, in round order."""

@@ -132,7 +132,6 @@ class LocalRounds(Mode):
             self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
         else:
             self._apply_sum(self.comm.all_reduce(buffer))
-        self.round += 1
         self.local_steps = 0
 
     def settle(self) -> None:

@@ -85,7 +85,6 @@ class Lookahead(Mode):
                 outer_step(self._outer, flatten(params) - self._slow)
                 unflatten_into(self._slow, params)
             self._steps = 0
-            self.round += 1
 
     def global_model(self):
         """Hold the slow weights meanwhile."""

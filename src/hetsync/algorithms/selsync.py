@@ -126,7 +126,6 @@ class SelSync(Mode):
             self.optimizer.step()
         self.steps += 1
         self.synced_steps += self.synced
-        self.round += 1
 
     def _exchange(self, contributes: bool, evaluates: bool = False,
                   phase: str = "comm") -> None:

@@ -16,7 +16,6 @@ class SequentialSGD(Mode):
 
     def apply(self, action: Action) -> None:
         self.optimizer.step()
-        self.round += 1
 
 
 register(ModeSpec("local", SequentialSGD, "plain SGD on one device (sequential SGD, the "

@@ -178,7 +178,6 @@ class SparseAsyncSGD(Mode):
         with self.comm.clock.phase("comm"):
             reply = self.comm.ps_client.push_pull(update, rate=self.lr)  # (weight decay's)
         self._receive(reply, weights)
-        self.round += 1
 
     def finish(self) -> None:
         """Take the server's weights (after every worker's last push, under hetsync.wrap's

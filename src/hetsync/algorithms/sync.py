@@ -39,7 +39,6 @@ class SynchronousSGD(Mode):
         if self.contributors:  # (none: every worker has joined, nothing to apply)
             set_gradients(mean, params, stats)
             self.optimizer.step()
-        self.round += 1
 
 
 register(ModeSpec("sync", SynchronousSGD, "one step; mean of all gradients; the same update "

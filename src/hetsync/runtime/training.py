@@ -10,7 +10,8 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
    that round's barrier), a job on the background channel after it (acted on when it comes
    in, and before the next round starts, so every worker stops after the same round), or the
    key-value store (asynchronous modes);
-5. `mode.apply(action)`: the local update and the mode's communication;
+5. `mode.perform(action)`: the local update and the mode's communication (`apply`), then
+   the round counted if the action ended one;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
    samples seen, evaluation (by the leader, of the global model; in collective modes every worker
    pauses for it), stop, lost workers let in (`_admit`); at every `--checkpoint-every`-th
@@ -454,7 +455,7 @@ class TrainingLoop:
                 return True, rnd
         finished_round = mode.round
         applying, waited = time.perf_counter(), comm.clock.total()
-        mode.apply(action)
+        mode.perform(action)
         rnd.compute += (time.perf_counter() - applying) - (comm.clock.total() - waited)
         if not action.ends_round:
             return self._background_agreement(st, wait=False), rnd
