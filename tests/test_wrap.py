@@ -584,6 +584,7 @@ def test_a_wrapped_esync_run_goes_on_without_a_worker_that_died(tmp_path):
     first, died, last = run_ranks(_esync_one_dies, 3, tmp_path, timeout=150,
                                   allow_failures=True)
     assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
+    assert isinstance(first, tuple) and isinstance(last, tuple), (first, last)
     for said, lost, workers, start, end, _ in (first, last):
         assert lost == [1] and workers == 2
         assert any("worker(s) 1 lost; the others go on" in s for s in said), said

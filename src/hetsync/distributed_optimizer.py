@@ -347,16 +347,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._store_join is not None:
                 self._store_join.wait_for_all(meanwhile=mode.poll)
             elif mode.comm.workers > 1:
-                while not self._everyone_joined(self._join_step()):
+                while not self._last_joined_round():
                     pass
-            mode.finish()
+            try:
+                mode.finish()
+            except PEER_FAILURES as err:  # lost in the last round's sum: that round is dropped
+                self._regroup(err)
+                mode.finish()
             if mode.comm.workers > 1 and not self.assembly.spec.parameter_server:
                 self._adopt_last_joiners_model(joined_at)
             if self._recorder is not None:
                 self._recorder.finish(joined_at, self.lost_workers)
         except PEER_FAILURES as err:
-            if self._departures is None:
-                raise
+            if self._departures is None or getattr(err, "op", None) == "hetsync.wrap":
+                raise  # (no one to ask, or `_failure` said it already)
             raise self._failure(err) from err
         finally:
             self._close()
@@ -367,14 +371,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         lost = set(self._store_join.lost) if self._store_join is not None else set()
         return sorted(lost | set(self._membership.lost if self._membership else ()))
 
-    def _join_step(self):
-        """A finished worker's part in the others' round (`Mode.join_step`); a lost peer
-        there is regrouped around as in `step`."""
+    def _last_joined_round(self) -> bool:
+        """A finished worker's part in the others' round (`Mode.join_step`): whether it was
+        everyone's last. A peer lost there is regrouped around as in `step` (the round is
+        dropped: not the last)."""
         try:
-            return self.mode.join_step()
+            return self._everyone_joined(self.mode.join_step())
         except PEER_FAILURES as err:
             self._regroup(err)
-            return Action.LOCAL  # (the round was dropped: the next one decides)
+            return False
 
     def _regroup(self, err: BaseException) -> None:
         """A peer was lost in a mode whose workers go on without one (ESync's background
