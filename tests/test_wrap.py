@@ -554,12 +554,12 @@ def test_an_asynchronous_run_ends_without_a_worker_that_died(tmp_path):
     assert json.loads((tmp_path / "ps.jsonl").read_text().splitlines()[-1])["lost"] == [1]
 
 
-def _esync_one_dies(rank, world, run_dir):
+def _one_of_three_dies(rank, world, mode, run_dir):
     import os
 
     torch.manual_seed(rank)
     model = _model()
-    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="esync-outer",
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode,
                        run_dir=run_dir, timeout=30, slowdown=1.0 + rank)
     x_all, y_all, loader = _task(rank, 60)
     start = _loss(model, x_all, y_all)
@@ -578,10 +578,12 @@ def _esync_one_dies(rank, world, run_dir):
 
 
 @pytest.mark.slow
-def test_a_wrapped_esync_run_goes_on_without_a_worker_that_died(tmp_path):
-    """kill -9 of a worker in ESync's background rounds under `wrap`: the survivors regroup
-    as under `launch`, name the lost worker, train on, and end with one model."""
-    first, died, last = run_ranks(_esync_one_dies, 3, tmp_path, timeout=150,
+@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+def test_a_wrapped_run_goes_on_without_a_worker_that_died(mode, tmp_path):
+    """kill -9 of a worker under `wrap` in a mode whose workers go on without one (ESync's
+    background rounds, eager-SGD): the survivors regroup as under `launch`, name the lost
+    worker, train on, and end with one model."""
+    first, died, last = run_ranks(_one_of_three_dies, 3, mode, tmp_path, timeout=150,
                                   allow_failures=True)
     assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
     assert isinstance(first, tuple) and isinstance(last, tuple), (first, last)

@@ -153,7 +153,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         common_round = workers > 1 and self.mode.control is not ControlPath.STORE
         # (the asynchronous modes' server goes on without a lost worker: so do the others)
         self._store_join = (StoreJoin(store, prefix, rank, workers, record["timeout"],
-                                      can_lose=self.assembly.spec.parameter_server)
+                                      can_lose=self.assembly.spec.parameter_server or
+                                      self.mode.goes_on_without_a_worker(self.mode.options))
                             if workers > 1 and not common_round else None)
         #: a mode whose sums do not count their contributors (a plugin's): the joined are
         #: counted by a one-float all-reduce after every round instead
@@ -168,13 +169,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._departures = Departures(store, prefix, rank, workers)
             atexit.register(self._exit_without_finish)
         self._membership = None
-        if (common_round and group is None and self.mode.comm.channel is not None
+        if (workers > 1 and group is None and self.mode.comm.channel is not None
                 and not self.assembly.spec.needs_parameter_server(record["collective"])
                 and self.mode.goes_on_without_a_worker(self.mode.options)):
             from hetsync.runtime.membership import Membership
 
             # the survivors of a lost worker regroup and go on, as under `launch` (ESync's
-            # background rounds; the whole world's workers, whose ranks are global ranks)
+            # background rounds, eager-SGD; the whole world's workers: global ranks)
             self._membership = Membership(dist.PrefixStore(f"{prefix}/", store), rank,
                                           list(range(workers)), timeout=record["timeout"])
             self.mode.comm.channel.alarm = self._membership.alarm
@@ -345,7 +346,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             joined_at = mode.round
             mode.join()
             if self._store_join is not None:
-                self._store_join.wait_for_all(meanwhile=mode.poll)
+                self._store_join.wait_for_all(meanwhile=self._poll)
             elif mode.comm.workers > 1:
                 while not self._last_joined_round():
                     pass
@@ -371,6 +372,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         lost = set(self._store_join.lost) if self._store_join is not None else set()
         return sorted(lost | set(self._membership.lost if self._membership else ()))
 
+    def _poll(self) -> None:
+        """`Mode.poll` while a finished worker waits in the store for the others (eager-SGD
+        applies the rounds its engine still takes part in); a peer lost there is regrouped
+        around as in `step`."""
+        try:
+            self.mode.poll()
+        except PEER_FAILURES as err:
+            self._regroup(err)
+
     def _last_joined_round(self) -> bool:
         """A finished worker's part in the others' round (`Mode.join_step`): whether it was
         everyone's last. A peer lost there is regrouped around as in `step` (the round is
@@ -394,6 +404,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             members = self._membership.go_on(self.mode, cause)
         except CommError as failed:
             raise self._failure(failed) from err
+        if self._store_join is not None:  # the stop waits for them no more (every survivor
+            for r in self._membership.lost:  # took part in the regroup: each knows)
+                self._store_join.lost.setdefault(r, "was lost: the others regrouped without it")
         warnings.warn(f"hetsync: worker(s) {', '.join(map(str, self._membership.lost))} "
                       f"lost; the others go on from round {self.mode.round} (workers "
                       f"{', '.join(map(str, members))})", RuntimeWarning, stacklevel=4)
