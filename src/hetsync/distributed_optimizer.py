@@ -78,9 +78,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
       stamped with the training time so far;
     - ``set_epoch(epoch)``: the epoch of the next steps, for the records;
     - ``finish()``: the agreed stop; every worker ends with what ``global_model()`` shows;
-      in the asynchronous (parameter-server) modes a worker that died or fell silent for
-      ``timeout`` is not waited for: the others end without it, naming it in a warning,
-      in ``lost_workers`` and in run.json;
+    - ``lost_workers``: the workers the run went on without — in ESync's background rounds
+      and eager-SGD the survivors of a dead worker regroup and train on; in the
+      parameter-server modes one that died or fell silent for ``timeout`` is not waited for
+      at the stop — each named in a warning and in run.json;
     - ``run_dir`` (where the records go, or None), ``round``, ``clock`` (seconds waiting
       and communicating), ``mode``.
     """
@@ -393,7 +394,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _regroup(self, err: BaseException) -> None:
         """A peer was lost in a mode whose workers go on without one (ESync's background
-        rounds): the survivors agree on who they are through the store and make new groups
+        rounds, eager-SGD): the survivors agree on who they are through the store and make new groups
         (`runtime/membership.py`, as `launch`'s workers do), and take the lowest survivor's
         global state (`Mode.rejoin`); the round in flight is dropped. Elsewhere, or when no
         peer was lost, the failure is raised, naming who left and why."""
