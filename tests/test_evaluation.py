@@ -156,3 +156,24 @@ def test_the_evaluator_of_a_run_that_ended_before_it_started_does_not_wait(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "taken as dead" not in proc.stderr
     assert len((run / "eval.jsonl").read_text().splitlines()) == 2 and not evaluation.pending(run)
+
+
+def test_the_evaluators_rest_between_evaluations_ends_when_the_run_does(tmp_path):
+    """The evaluator rests (1/duty - 1) times an evaluation's CPU time; a run that ends
+    meanwhile is not kept waiting for that rest (here at least 50 s: duty 1e-4)."""
+    import threading
+
+    run = tmp_path / "run"
+    _tiny_run(run, 3)
+    threads = torch.get_num_threads()
+    counted = []
+    follower = threading.Thread(target=lambda: counted.append(
+        evaluation.follow(run, duty=1e-4)), daemon=True)
+    follower.start()
+    while not (run / "eval.jsonl").exists() or not (run / "eval.jsonl").read_text():
+        time.sleep(0.05)   # the newest is evaluated; the rest begins
+    write_json_atomic(run / "run.json", {"run_name": "run", "end_time": time.time()})
+    follower.join(timeout=30)
+    torch.set_num_threads(threads)
+    assert not follower.is_alive() and counted == [3]
+    assert not evaluation.pending(run)

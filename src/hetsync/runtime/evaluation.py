@@ -237,6 +237,7 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     model = cfg.build_model(data)
     device = torch.device("cpu")
     total = 0
+    rest_until = 0.0  # (monotonic) the duty's rest after an evaluation: the end cuts it short
     with JsonlWriter(run_dir / "eval.jsonl") as out:
         while until_end and not _ended(run_dir):
             if _silent_for(run_dir, started) > cfg.timeout:
@@ -244,11 +245,14 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
                       f"{cfg.timeout:g} s (--timeout); the run is taken as dead: evaluating "
                       f"what is left", file=sys.stderr, flush=True)
                 break
-            began = time.process_time()  # (its wall time grows with the devices' load)
-            done = evaluate_pending(run_dir, model, data.test, device, out.write, newest=True)
-            total += done
-            busy = time.process_time() - began
-            time.sleep(max(poll_s, busy * (1 / duty - 1)) if done else poll_s)
+            if time.monotonic() >= rest_until:
+                began = time.process_time()  # (its wall time grows with the devices' load)
+                done = evaluate_pending(run_dir, model, data.test, device, out.write,
+                                        newest=True)
+                total += done
+                busy = time.process_time() - began
+                rest_until = time.monotonic() + (busy * (1 / duty - 1) if done else 0.0)
+            time.sleep(poll_s)
         if until_end:  # the devices are done: every core is the evaluator's
             _spread_out()
         return total + evaluate_pending(run_dir, model, data.test, device, out.write)
