@@ -394,10 +394,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _regroup(self, err: BaseException) -> None:
         """A peer was lost in a mode whose workers go on without one (ESync's background
-        rounds, eager-SGD): the survivors agree on who they are through the store and make new groups
-        (`runtime/membership.py`, as `launch`'s workers do), and take the lowest survivor's
-        global state (`Mode.rejoin`); the round in flight is dropped. Elsewhere, or when no
-        peer was lost, the failure is raised, naming who left and why."""
+        rounds, eager-SGD): the survivors agree on who they are through the store and make
+        new groups (`runtime/membership.py`, as `launch`'s workers do), and take the lowest
+        survivor's global state (`Mode.rejoin`); the round in flight is dropped. Elsewhere,
+        or when no peer was lost, the failure is raised, naming who left and why."""
         if self._membership is None:
             raise self._failure(err) from err
         cause = err if isinstance(err, CommError) else CommError(str(err), op="hetsync.wrap")
@@ -407,7 +407,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise self._failure(failed) from err
         if self._store_join is not None:  # the stop waits for them no more (every survivor
             for r in self._membership.lost:  # took part in the regroup: each knows)
-                self._store_join.lost.setdefault(r, "was lost: the others regrouped without it")
+                self._store_join.lost.setdefault(r, "lost: the others regrouped without it")
         warnings.warn(f"hetsync: worker(s) {', '.join(map(str, self._membership.lost))} "
                       f"lost; the others go on from round {self.mode.round} (workers "
                       f"{', '.join(map(str, members))})", RuntimeWarning, stacklevel=4)

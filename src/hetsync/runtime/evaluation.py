@@ -11,13 +11,13 @@
    process of its own at the lowest CPU priority, on the cores the slower devices share
    (`follow`, `hetsync evaluate RUN_DIR --follow`): while the run goes on it evaluates the
    newest snapshot and rests, so that it computes at most `DUTY` of the time (the run's end,
-   in run.json, cuts a rest short), and after the run the ones it skipped, in order. The accuracy is known while the run goes on and no
-   worker pauses; the readers sort the records by training time. (Its priority alone did not
-   keep it off the devices: on this machine's kernel, PREEMPT_NONE with 250 Hz ticks, a
-   device that woke beside it waited for the next tick, and the slowdown-5 device of a
-   1, 2, 4, 8 cluster ran at 90 % of its nominal speed with an evaluator busy 35 % of the
-   time, at 96 % without.) Without an evaluator, the leader evaluates them in order after
-   training;
+   in run.json, cuts a rest short), and after the run the ones it skipped, in order. The
+   accuracy is known while the run goes on and no worker pauses; the readers sort the
+   records by training time. (Its priority alone did not keep it off the devices: on this
+   machine's kernel, PREEMPT_NONE with 250 Hz ticks, a device that woke beside it waited for
+   the next tick, and the slowdown-5 device of a 1, 2, 4, 8 cluster ran at 90 % of its
+   nominal speed with an evaluator busy 35 % of the time, at 96 % without.) Without an
+   evaluator, the leader evaluates them in order after training;
 3. the snapshots taken before a checkpoint are on disk before it (`SnapshotWriter.flush`), so
    a crash loses none; a resumed run drops those taken after its checkpoint (lost work).
 
