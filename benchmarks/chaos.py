@@ -126,6 +126,7 @@ class Outcome:
     complete: bool = False
     reached_budget: bool = False
     ledger: dict | None = None   # summary.json's data ledger
+    samples: int | None = None   # samples trained (every worker's)
 
 
 def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
@@ -199,6 +200,7 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
     out.lost = summary.get("lost_workers") or []
     out.joined = summary.get("joined_workers") or []
     out.ledger = summary.get("ledger")
+    out.samples = summary.get("samples")
     return out
 
 
@@ -217,8 +219,8 @@ def _ledger(ledger: dict | None) -> str:
 def table(outcomes: list[Outcome], budget: float) -> str:
     rows = ["| mode | seed | run | events applied | launch exit | wall s | restarts | lost "
             "workers | joined again | one curve to the budget | complete | batches twice / "
-            "skipped | final accuracy | vs undisturbed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "skipped | samples trained | final accuracy | vs undisturbed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     calm = {(o.mode, o.seed): o.final for o in outcomes if not o.chaos}
     for o in outcomes:
         ref = calm.get((o.mode, o.seed))
@@ -232,6 +234,7 @@ def table(outcomes: list[Outcome], budget: float) -> str:
                     f"{'yes' if o.one_curve and o.reached_budget else 'NO'} | "
                     f"{'yes' if o.complete else 'NO'} | "
                     f"{_ledger(o.ledger)} | "
+                    f"{'-' if o.samples is None else f'{o.samples / 1000:.0f}k'} | "
                     f"{'' if o.final is None else f'{o.final:.4f}'} | {delta} |")
     chaos = [o for o in outcomes if o.chaos]
     lost = sum(o.code != 0 for o in chaos)

@@ -50,6 +50,46 @@ def test_the_survivors_agree_on_themselves_and_the_lost_rank_is_named():
         assert not m.alarm()  # the next regroup's alarm is not raised yet
 
 
+def test_a_member_the_launcher_saw_exit_is_not_waited_for_and_a_slow_one_still_is():
+    store = dist.HashStore()
+    store.set("hetsync/lost/1", "1")  # what `launch` sets when rank 1's process exits
+    # a grace far past the threads' 10 s: waiting it out would leave the survivors unfinished
+    out = _regroup_all(store, [0, 2], [0, 1, 2], grace=60.0)
+    assert {rank: members for rank, (members, _) in out.items()} == {0: [0, 2], 2: [0, 2]}
+    # rank 2, alive but slow (not marked), is waited for: it registers late and is counted in
+    store = dist.HashStore()
+    store.set("hetsync/lost/1", "1")
+    late = {}
+    slow = threading.Timer(0.5, lambda: late.setdefault(2, Membership(
+        store, 2, [0, 1, 2], timeout=5.0, grace=60.0).regroup(RuntimeError("lost"))))
+    slow.start()
+    out = _regroup_all(store, [0], [0, 1, 2], grace=60.0)
+    slow.join(10)
+    assert out[0][0] == late[2] == [0, 2]
+
+
+def test_a_joiner_clears_the_launchers_mark_and_is_not_offered_a_place_once_marked_again():
+    store = dist.HashStore()
+    survivors = _after_losing(store, 1)
+    store.set("hetsync/lost/1", "1")  # `launch` saw rank 1's process exit
+    joiner, asked = Membership(store, 1, [0, 1, 2], timeout=5.0), {}
+
+    def ask():
+        try:
+            joiner.enter(wait=1.0)
+        except CommError as err:  # nobody offers it a place
+            asked["error"] = err
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    _until(survivors[0].waiting)  # its new process asked, and cleared the mark
+    assert not store.check(["hetsync/lost/1"])  # (a later loss is waited for again)
+    store.set("hetsync/lost/1", "1")  # it died asking, before launch withdrew its request
+    assert survivors[0].waiting() == []
+    thread.join(5.0)
+    assert "not admitted" in str(asked["error"])
+
+
 def test_a_failure_where_every_member_is_alive_is_not_a_lost_worker():
     out = _regroup_all(dist.HashStore(), [0, 1], [0, 1])
     for rank in (0, 1):

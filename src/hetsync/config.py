@@ -189,7 +189,7 @@ class Config:
         "flags": ("--regroup-grace",),
         "help": "after a worker is lost (modes that go on without it): seconds the "
                 "survivors wait for every one of them to register; one still in a longer step "
-                "is left out (capped at --timeout)"})
+                "is left out (not for one launch saw exit; capped at --timeout)"})
     plugins: tuple[str, ...] = field(default=(), metadata={
         "flags": ("--plugin",), "parser": "names",
         "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})

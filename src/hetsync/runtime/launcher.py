@@ -476,7 +476,7 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
         if cluster.done():
             return
         progress.update()
-        time.sleep(0.5)
+        time.sleep(0.1)  # (a regroup waits until a dead worker is marked lost: `lose`)
 
 
 def finish_run(run_dir: Path, *, figures: bool = True, stream=sys.stdout) -> dict:

@@ -9,12 +9,13 @@ the others at the channel's timeout. So that nobody waits that long:
    (G counts the regroups of the run) and registers ``regroup/G/alive/RANK``;
 2. every other survivor sees the alarm while it waits on its background channel
    (`Membership.alarm`, checked twice a second by `ChannelFuture.result`), and registers too;
-3. each survivor waits up to `grace` seconds for every member to register, then proposes the
-   new members, those that did, as ``regroup/G/members`` with an atomic compare-and-set:
-   the first proposal stands and every survivor reads it (no survivor decides alone, so any
-   rank, rank 0 included, may be the lost one — or die during the regroup). If every
-   member registered, no peer was lost (the failure was something else): the error stands
-   and the run stops;
+3. each survivor waits up to `grace` seconds for every member to register (no longer once
+   every member that has not is one `launch` saw exit: ``lost/RANK``, set at once), then
+   proposes the new members, those that did, as ``regroup/G/members`` with an atomic
+   compare-and-set: the first proposal stands and every survivor reads it (no survivor
+   decides alone, so any rank, rank 0 included, may be the lost one — or die during the
+   regroup). If every member registered, no peer was lost (the failure was something
+   else): the error stands and the run stops;
 4. each new member makes two groups of the members by themselves alone
    (``use_local_synchronization``; the dead rank takes no part): the main thread's, ranks
    ascending, and the channel's, descending (torch names such a group after its rank list:
@@ -31,13 +32,15 @@ keeps the lead while it lives (a rank that joins never takes it back).
 A lost rank may come back and join the running job (torchft's and elastic Horovod's "join";
 `hetsync worker --join`, which `launch` starts in place of a lost worker):
 
-1. the new process asks (`enter`): it sets ``join/RANK`` to an id of its own;
-2. at a round's end the leader sees the lost ranks that asked (`waiting`) and offers them a
-   place (`offer`): it proposes the next generation's members, lost ranks and joiners in
-   ``regroup/G/members`` (the compare-and-set of a regroup: if a survivor's regroup
-   proposed first, the offer is not made) and answers each joiner's id with the generation,
-   the members and how many groups each member has made; the round's agreement tells every
-   member to admit them (`admit`) at the same point of its collectives;
+1. the new process asks (`enter`): it removes `launch`'s mark of the process that died and
+   sets ``join/RANK`` to an id of its own;
+2. at a round's end the leader sees the lost ranks that asked (`waiting`; not one `launch`
+   has marked dead since) and offers them a place (`offer`): it proposes the next
+   generation's members, lost ranks and joiners in ``regroup/G/members`` (the
+   compare-and-set of a regroup: if a survivor's regroup proposed first, the offer is not
+   made) and answers each joiner's id with the generation, the members and how many groups
+   each member has made; the round's agreement tells every member to admit them (`admit`)
+   at the same point of its collectives;
 3. each member, and the joiner (`enter`), make the new groups; the joiner, which has made
    none, first makes groups of itself alone until it has made as many as the members: torch
    names a group made by its members alone after its ranks and the number of groups its
@@ -142,7 +145,10 @@ class Membership:
         deadline = time.monotonic() + self.grace
         while not self.store.check([decided]):
             alive = [r for r in self.members if self.store.check([self._key("alive", r)])]
-            if len(alive) == len(self.members) or time.monotonic() >= deadline:
+            missing = [r for r in self.members if r not in alive]
+            # (a member `launch` saw exit is not waited for: the grace is for a slow one)
+            if (len(known_lost(self.shared, missing)) == len(missing)
+                    or time.monotonic() >= deadline):
                 self.store.compare_set(decided, "", json.dumps(alive))  # the first one stands
                 break
             time.sleep(0.05)
@@ -174,9 +180,12 @@ class Membership:
 
     # ------------------------------------------------------------------ joining
     def waiting(self) -> list[int]:
-        """The lost ranks that asked to join (the leader looks at a round's end)."""
+        """The lost ranks that asked to join (the leader looks at a round's end), less those
+        `launch` has seen exit since they asked (making groups with one would wait for it to
+        `--timeout`)."""
         try:
-            return [r for r in self.lost if self.shared.check([f"{JOIN}/{r}"])]
+            return [r for r in self.lost if self.shared.check([f"{JOIN}/{r}"])
+                    and not self.shared.check([f"{LOST}/{r}"])]
         except Exception:  # noqa: BLE001 - a store out of reach admits nobody
             return []
 
@@ -213,6 +222,8 @@ class Membership:
         first; CommTimeoutError if no answer came."""
         self.members, self.leader = [], None  # (none of them until it is admitted)
         attempt = secrets.token_hex(8)
+        # (`launch`'s mark was of the process that died; if this one dies, it marks it again)
+        self.shared.delete_key(f"{LOST}/{self.rank}")
         self.shared.set(f"{JOIN}/{self.rank}", attempt)
         key = f"{JOIN}/{self.rank}/{attempt}"
         deadline = time.monotonic() + wait

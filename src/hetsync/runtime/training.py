@@ -20,13 +20,13 @@ Per step (see `hetsync.algorithms.base` for the mode's side):
 
 Steps 3-6 fail with a CommError when a peer is lost; where the run can go on without it
 (`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
-(`mode.rejoin`) and go on from the next step; elsewhere the error ends the worker. The leader
-is rank 0, or once it is lost the lowest survivor, which takes over its files (in the
-asynchronous modes, once `launch` has marked every lower rank dead: `_follow_lead`). Where the
-mode
-admits a worker (`Mode.admits_a_worker`), a lost rank's new process (`hetsync worker --join`)
-enters at a round's end: the leader offers it a place, the round's agreement admits it, and it
-takes the leader's global state, counts and clock (`_admit`).
+(`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
+ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
+over its files (in the asynchronous modes, once `launch` has marked every lower rank dead:
+`_follow_lead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost rank's new
+process (`hetsync worker --join`) enters at a round's end: the leader offers it a place, the
+round's agreement admits it, and it takes the leader's global state, counts and clock
+(`_admit`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
@@ -115,6 +115,7 @@ class TrainingLoop:
         self._global_state: dict | None = None  # the leader: the global model at the due point
         self._position = (0, 0)                 # data position: (epoch, batches of it taken)
         self._unrecorded: list[list[int]] = []  # (see `restore`)
+        self._round_start = (0, 0)              # where the unrecorded round's draws begin
         # the shard's batches per epoch, for the data ledger (an injecting sampler wraps it)
         self._epoch_batches = getattr(getattr(batches, "sampler", batches),
                                       "batches_per_epoch", None)
@@ -397,8 +398,12 @@ class TrainingLoop:
             return st  # the run ended before this process was let in
         mode.module.train()
         rnd = RoundAccount(st.eval_total, drawn=self._unrecorded)
+        self._round_start = (tuple(self._unrecorded[0][:2]) if self._unrecorded
+                             else self._position)
         comm.clock.take()
-        for epoch, idx in self.batches:
+        draws = iter(self.batches)  # (endless: the shard's epochs one after another)
+        while True:
+            epoch, idx = next(draws)
             self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
                               else (epoch, 1))
             rnd.draw(epoch, self._position[1] - 1)
@@ -427,6 +432,7 @@ class TrainingLoop:
                 stop, rnd = self._communicate(st, rnd, Step(started, ended, epoch))
             except CommError as err:
                 self._regroup(st, err)  # (or raises)
+                draws = self._redraw()
                 stop, rnd = False, RoundAccount(st.eval_total)
             if stop:
                 break
@@ -483,6 +489,12 @@ class TrainingLoop:
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
               f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
               f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)
+
+    def _redraw(self):
+        """After a regroup, which dropped the round in progress: the draws from its first
+        batch on, so that its batches are drawn again (the data ledger skips none)."""
+        self.start_at(*self._round_start)
+        return iter(self.batches)
 
     def _admit(self, st: LoopState) -> None:
         """The round's agreement lets the ranks the leader offered a place join
@@ -548,6 +560,7 @@ class TrainingLoop:
 
     def _record(self, round_: int, rnd: RoundAccount, st: LoopState, epoch: int) -> None:
         self._last_recorded = round_
+        self._round_start = self._position  # (the next round's draws begin here)
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
         if rnd.drawn and self._epoch_batches is not None:
             record["epoch_batches"] = self._epoch_batches
