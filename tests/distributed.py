@@ -26,12 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, pg_timeout, args, results):
+def _entry(fn, rank, world_size, port, pg_timeout, agent_store, args, results):
     import torch
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    if agent_store:  # the store is the caller's, as torchrun's agent's: rank 0 connects to it
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     try:
@@ -68,18 +70,26 @@ def _context(start: str) -> mp.context.BaseContext:
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
               timeout: float = 120.0, pg_timeout: float = 60.0,
-              allow_failures: bool = False, start: str = "forkserver") -> list[Any]:
+              allow_failures: bool = False, start: str = "forkserver",
+              agent_store: bool = False) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo processes; return per-rank results.
 
     With `allow_failures`, a rank that raised yields an `Exception` carrying its traceback
     instead of failing the whole call (for fault-injection tests). `start`: how the ranks
-    start (see `_context`).
+    start (see `_context`). `agent_store`: the key-value store lives in this process, as
+    under torchrun (in its agent), not in rank 0's, which may then be lost.
     """
     ctx = _context(start)
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, pg_timeout, args, results),
-                         daemon=True)
+    store = None
+    if agent_store:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=pg_timeout))
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, pg_timeout, agent_store,
+                                              args, results), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -113,4 +123,5 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any,
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
+        del store  # (after the ranks: they may still be talking to it)
     return [out[r] for r in range(world_size)]

@@ -1,8 +1,15 @@
 """ESync's readiness rule with scripted times (pure logic, no processes)."""
 
+import contextlib
+import time
+from types import SimpleNamespace
+
 import pytest
 
-from hetsync.state.policy import (ReadinessTracker, WorkerRecord, auto_epsilon, decide,
+from hetsync.algorithms.base import Step
+from hetsync.algorithms.esync import StatePlan
+from hetsync.state.client import StateServerUnreachable
+from hetsync.state.policy import (Decision, ReadinessTracker, WorkerRecord, auto_epsilon, decide,
                                   round_length, steps_until_overrun, would_overrun)
 
 
@@ -181,3 +188,61 @@ def test_a_planned_step_may_overrun_the_round_by_a_pth_of_itself():
     assert d.epsilon == -0.25
     assert not would_overrun(0.020, 0.016, d.epsilon)  # ends 4 ms late: taken
     assert would_overrun(0.020, 0.014, d.epsilon)      # ends 6 ms late: not worth it
+
+
+# ---- a worker's round length while the state server cannot be reached (scripted client)
+class _Clock:
+    @contextlib.contextmanager
+    def phase(self, name):
+        yield
+
+
+class _Server:
+    """Answers every report with a plan of 40 ms left, or, while `up` is False, does not
+    answer (as `StateClient` when it cannot connect within its retries)."""
+
+    def __init__(self):
+        self.up, self.reports = True, 0
+
+    def report_async(self, rank, round, steps, step_time, device="", retry_s=None):
+        self.reports += 1
+        if self.up:
+            return lambda: Decision(3, "fits", time_left=0.040)
+
+        def unanswered():
+            raise StateServerUnreachable("state server at 127.0.0.1:1 did not answer")
+        return unanswered
+
+
+def _round(plan, step_s=0.010):
+    """One round of `step_s` steps on a scripted clock: how many steps it took."""
+    plan.poll()
+    t, steps = 0.0, 0
+    while True:
+        steps += 1
+        if plan.ends_round(Step(t, t + step_s), steps):
+            plan.round_over(0)
+            return steps
+        t += step_s
+
+
+def test_a_worker_follows_the_last_plan_while_the_state_server_is_down_and_retries_later(
+        monkeypatch):
+    server = _Server()
+    plan = StatePlan(SimpleNamespace(clock=_Clock(), state_client=server, rank=0,
+                                     device_name="cpu"))
+    plan.round_over(0)   # the first report
+    assert [_round(plan) for _ in range(2)] == [4, 4]   # 40 ms left: four 10 ms steps
+    server.up = False
+    assert _round(plan) == 4   # (answered: reported before the server went down)
+    with pytest.warns(RuntimeWarning, match="did not answer; the rounds follow its last plan"):
+        assert _round(plan) == 4   # its answer did not come: the last plan
+    reports = server.reports
+    # paused: no report for RETRY_S (1 s, on the real clock), the last plan meanwhile
+    assert [_round(plan) for _ in range(3)] == [4, 4, 4] and server.reports == reports
+    server.up = True
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + StatePlan.RETRY_S + 0.1)
+    _round(plan)   # reports again
+    assert server.reports == reports + 1 and _round(plan) == 4
+    assert plan._retry_at is None   # back: no pause

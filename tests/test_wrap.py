@@ -554,7 +554,7 @@ def test_an_asynchronous_run_ends_without_a_worker_that_died(tmp_path):
     assert json.loads((tmp_path / "ps.jsonl").read_text().splitlines()[-1])["lost"] == [1]
 
 
-def _one_of_three_dies(rank, world, mode, run_dir):
+def _one_of_three_dies(rank, world, mode, run_dir, victim=1):
     import os
 
     torch.manual_seed(rank)
@@ -566,14 +566,16 @@ def _one_of_three_dies(rank, world, mode, run_dir):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i, (x, y) in enumerate(loader):
-            if rank == 1 and i == 10:
+            if rank == victim and i == 10:
                 os._exit(9)   # kill -9
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         opt.finish()
     said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    return (said, opt.lost_workers, opt.workers, start, _loss(model, x_all, y_all),
+    end = _loss(model, x_all, y_all)
+    opt.record_evaluation(0.5, end)  # (every survivor: the one that leads writes it)
+    return (said, opt.lost_workers, opt.workers, start, end,
             torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
 
 
@@ -594,3 +596,26 @@ def test_a_wrapped_run_goes_on_without_a_worker_that_died(mode, tmp_path):
     torch.testing.assert_close(first[-1], last[-1])   # one model at the end
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["lost_workers"] == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+def test_a_wrapped_run_goes_on_without_rank_0_and_the_lowest_survivor_leads(mode, tmp_path):
+    """kill -9 of rank 0 where the store is not in its process (torchrun's agent holds it):
+    the others go on — in ESync without the state server that was rank 0's thread, on its
+    last plan — and rank 1 leads: it writes the evaluation and run.json's end."""
+    died, first, last = run_ranks(_one_of_three_dies, 3, mode, tmp_path, 0, timeout=150,
+                                  allow_failures=True, agent_store=True)
+    assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
+    assert isinstance(first, tuple) and isinstance(last, tuple), (first, last)
+    for said, lost, workers, start, end, _ in (first, last):
+        assert lost == [0] and workers == 2
+        assert any("worker(s) 0 lost; the others go on" in s for s in said), said
+        assert mode != "esync-outer" or any("the rounds follow its last plan" in s
+                                            for s in said), said
+        assert end < start
+    torch.testing.assert_close(first[-1], last[-1])
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["lost_workers"] == [0] and run["end_time"] > run["start_time"]
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert len(evals) == 1 and evals[0]["test_loss"] == pytest.approx(first[4])

@@ -74,8 +74,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
       sampler: ``DistributedSampler(data, opt.workers, opt.rank)``);
     - ``global_model()``: a context in which the model holds the global weights; evaluate
       inside it, on any worker, at any step; its time is not training time;
-    - ``record_evaluation(test_acc, test_loss=None)``: rank 0 appends it to ``eval.jsonl``,
-      stamped with the training time so far;
+    - ``record_evaluation(test_acc, test_loss=None)``: the leader (``leads``: rank 0, or
+      after its loss the lowest survivor) appends it to ``eval.jsonl``, stamped with the
+      training time so far (call it on every worker: the one that leads then writes it);
     - ``set_epoch(epoch)``: the epoch of the next steps, for the records;
     - ``finish()``: the agreed stop; every worker ends with what ``global_model()`` shows;
     - ``lost_workers``: the workers the run went on without — in ESync's background rounds
@@ -163,7 +164,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         #: where this run's records go (`run_dir`, or a new one under `log_dir`), or None
         self.run_dir = None if run_dir is None else Path(run_dir)
         self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
-                                      lr=self.optimizer.param_groups[0]["lr"], **record)
+                                      lr=self.optimizer.param_groups[0]["lr"],
+                                      leads=lambda: self.leads, **record)
                           if run_dir is not None else None)
         self._departures = None
         if workers > 1:  # a worker that leaves early says why (`failure`)
@@ -329,8 +331,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._recorder.epoch = epoch
 
     def record_evaluation(self, test_acc: float, test_loss: float | None = None) -> None:
-        """Rank 0 (with `run_dir`): append an evaluation of the global model to
-        eval.jsonl, stamped with the training time so far; elsewhere nothing."""
+        """The leader (with `run_dir`; `leads`): append an evaluation of the global model
+        to eval.jsonl, stamped with the training time so far; elsewhere nothing."""
         if self._recorder is not None:
             self._recorder.evaluation(test_acc, test_loss)
 
@@ -366,6 +368,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise self._failure(err) from err
         finally:
             self._close()
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker writes the run's own files (run.json, eval.jsonl): rank 0,
+        or once it was lost the lowest survivor (`runtime/membership.py`)."""
+        return self.rank == (self._membership.leader if self._membership is not None else 0)
 
     @property
     def lost_workers(self) -> list[int]:
@@ -472,12 +480,14 @@ class RunRecorder:
     `hetsync summarize` and `plot` read it: every worker appends its rounds to
     `worker-R.jsonl` (compute, wait, communication, bytes, samples: the batches its model
     saw in training mode, counted by a forward pre-hook); rank 0 writes `run.json` (the
-    workers' hosts, devices and slowdowns, gathered through the store; rewritten with the
-    end time at `finish`) and the evaluations the user records (`eval.jsonl`). Time spent
-    inside `global_model()` is evaluation, apart from training time."""
+    workers' hosts, devices and slowdowns, gathered through the store), the leader (`leads`:
+    rank 0 until it is lost) rewrites it with the end time at `finish` and writes the
+    evaluations the user records (`eval.jsonl`). Time spent inside `global_model()` is
+    evaluation, apart from training time."""
 
     def __init__(self, run_dir, mode, model, rank: int, workers: int, store, prefix: str, *,
-                 slowdown: float, collective: str, lr: float, options, timeout: float):
+                 slowdown: float, collective: str, lr: float, options, timeout: float,
+                 leads=lambda: True):
         self.dir = Path(run_dir)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -489,21 +499,20 @@ class RunRecorder:
         if held:  # (checked before rank 0 writes run.json: the others check first)
             raise ValueError(f"run_dir={str(run_dir)!r} holds a run already ({held[0]}): "
                              f"give a new directory, or log_dir= to have one named per run")
-        self.mode, self.rank = mode, rank
+        self.mode, self.rank, self.leads = mode, rank, leads
         me = {"rank": rank, "host": socket.gethostname(),
               "device": mode.comm.device_name, "slowdown": slowdown, "role": "worker"}
         self.ranks = [me]
-        if store is not None:  # rank 0 learns every worker's (no pickle: JSON in the store)
+        if store is not None:  # every worker learns every worker's, as any may come to
+            # write run.json (no pickle: JSON in the store)
             store.set(f"{prefix}/rank-info/{rank}", json.dumps(me))
-            if rank == 0:
-                keys = [f"{prefix}/rank-info/{r}" for r in range(workers)]
-                try:
-                    store.wait(keys, datetime.timedelta(seconds=timeout))
-                except RuntimeError:
-                    raise ValueError(f"run_dir: not every worker gave one within {timeout:g} s "
-                                     f"(every worker must pass run_dir to hetsync.wrap)") \
-                        from None
-                self.ranks = [json.loads(store.get(key)) for key in keys]
+            keys = [f"{prefix}/rank-info/{r}" for r in range(workers)]
+            try:
+                store.wait(keys, datetime.timedelta(seconds=timeout))
+            except RuntimeError:
+                raise ValueError(f"run_dir: not every worker gave one within {timeout:g} s "
+                                 f"(every worker must pass run_dir to hetsync.wrap)") from None
+            self.ranks = [json.loads(store.get(key)) for key in keys]
         self.t0, self.start_time = time.perf_counter(), time.time()
         self.eval_total, self.epoch = 0.0, 0
         self._evaluating: float | None = None   # when the evaluation under way began
@@ -571,8 +580,8 @@ class RunRecorder:
         return now - self.t0 - self.eval_total - under_way
 
     def evaluation(self, test_acc: float, test_loss: float | None) -> None:
-        """Rank 0: one line of eval.jsonl (also after `finish`: the final model's)."""
-        if self.rank == 0:
+        """The leader: one line of eval.jsonl (also after `finish`: the final model's)."""
+        if self.leads():
             with JsonlWriter(self.dir / "eval.jsonl") as out:
                 out.write({"t": time.perf_counter() - self.t0, "train_time": self.train_time(),
                            "round": self.mode.round - 1, "test_acc": float(test_acc),
@@ -588,7 +597,7 @@ class RunRecorder:
                                                  self.eval_total, self.epoch))
         self.records.close()
         self.ended = self.train_time()
-        if self.rank == 0:
+        if self.leads():
             traffic = (self.mode.comm.state_client.traffic()
                        if self.mode.comm.state_client is not None else None)
             if traffic is not None:

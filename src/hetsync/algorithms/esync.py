@@ -41,6 +41,8 @@ slowdown; the local update that follows it (a small fraction of a step) is not i
 from __future__ import annotations
 
 import secrets
+import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -112,7 +114,14 @@ class ESyncOptions(OuterOptions):
 class StatePlan:
     """ESync's round length (steps 1 and 2 of the module docstring): report the step time c
     when a round is over, read the state server's plan after the next round's first step
-    (`poll`), then end the round when one more step would overrun the slowest's time."""
+    (`poll`), then end the round when one more step would overrun the slowest's time.
+
+    A server that cannot be reached (it died; `launch` is starting it again; or it was a
+    thread of a lost rank 0 under `hetsync.wrap`) does not stop the worker: its rounds follow
+    the last plan it gave, and it tries the server again after a pause that doubles from
+    `RETRY_S` to `MAX_RETRY_S` (a round's read waits at most `READ_S` for it)."""
+
+    READ_S, RETRY_S, MAX_RETRY_S = 0.25, 1.0, 10.0
 
     def __init__(self, comm) -> None:
         self.comm = comm
@@ -123,14 +132,39 @@ class StatePlan:
         self._epsilon = 0.0
         self._plan: Callable[[], Decision] | None = None  # reads the server's answer
         self._answer: Decision | None = None  # read by `poll`, used by `ends_round`
+        self._last: Decision | None = None    # the server's last plan
+        self._retry_at: float | None = None   # unreachable: when to try it again
+        self._pause = 0.0
 
     def poll(self) -> None:
         """At a round's first step, read the server's plan (one query per round, off the
         critical path: only what the first step did not hide is timed as `query`)."""
         if self._deadline is None and self._plan is not None:
             with self.comm.clock.phase("query"):
-                self._answer = self._plan()
+                self._answer = self._read(self._plan)
             self._plan = None
+
+    def _read(self, plan: Callable[[], Decision]) -> Decision | None:
+        """The server's answer, or where it cannot be reached its last plan (and a pause
+        before the next try)."""
+        from hetsync.state.client import StateServerUnreachable
+
+        try:
+            answer = plan()
+        except StateServerUnreachable as err:  # (a refusal, e.g. of another run, stands)
+            self.unreachable(err)
+            return self._last
+        self._retry_at, self._pause, self._last = None, 0.0, answer
+        return answer
+
+    def unreachable(self, err: Exception) -> None:
+        """The server did not answer: say so (once an outage), and pause before trying it
+        again."""
+        if self._retry_at is None:
+            warnings.warn(f"rank {self.comm.rank}: {err}; the rounds follow its last plan "
+                          f"until it answers again", RuntimeWarning, stacklevel=3)
+        self._pause = min(2 * self._pause, self.MAX_RETRY_S) or self.RETRY_S
+        self._retry_at = time.monotonic() + self._pause
 
     def ends_round(self, step: Step, steps: int) -> bool:
         c = self.step_time = self._times.add(step.duration)
@@ -148,11 +182,16 @@ class StatePlan:
         return would_overrun(c, self._deadline - step.ended, margin)
 
     def round_over(self, next_round: int) -> None:
-        """Report for the next round now; its answer is read after that round's first step."""
+        """Report for the next round now; its answer is read after that round's first step
+        (while the server cannot be reached, until its pause is over: the last plan)."""
+        self._deadline = None
+        if self._retry_at is not None and time.monotonic() < self._retry_at:
+            self._answer = self._last
+            return
         self._plan = self.comm.state_client.report_async(
             self.comm.rank, next_round, 0, max(self.step_time or 0.0, 1e-6),
-            self.comm.device_name)
-        self._deadline = None
+            # (before its first plan, as long as the client tries: it may be starting)
+            self.comm.device_name, retry_s=None if self._last is None else self.READ_S)
 
     def forget(self) -> None:
         """Drop the round in progress and the report in flight (a regroup, the end)."""
@@ -247,7 +286,13 @@ class ESync(LocalRounds):
         client.run = f"{self._run_base:016x}/{self.comm.generation}"
         client.lost = lost
         if self.comm.leads:
-            client.init(self._all_workers, self.options.epsilon, run=client.run, lost=lost)
+            from hetsync.state.client import StateServerUnreachable
+
+            try:  # (a server that is back takes the run from the reports, which name it)
+                client.init(self._all_workers, self.options.epsilon, run=client.run,
+                            lost=lost, retry_s=StatePlan.READ_S)
+            except StateServerUnreachable as err:
+                self.length.unreachable(err)
 
     def join(self) -> None:
         """No data left (hetsync.wrap): the rounds are planned around the workers still

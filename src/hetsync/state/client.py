@@ -19,6 +19,10 @@ class StateServerError(RuntimeError):
     pass
 
 
+class StateServerUnreachable(StateServerError):
+    """No answer within the retries (gone, restarting), as opposed to a refusal."""
+
+
 def valid_token(token: str) -> bool:
     """A token travels in an HTTP header: printable ASCII, no spaces, at most 256."""
     return 0 < len(token) <= 256 and all(33 <= ord(c) <= 126 for c in token)
@@ -72,7 +76,7 @@ class StateClient:
             except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
                 self.close()
                 if time.monotonic() + pause > end:
-                    raise StateServerError(
+                    raise StateServerUnreachable(
                         f"state server at {self.host}:{self.port} did not answer {method} "
                         f"{path} ({type(err).__name__}: {err}); is `hetsync state-server` "
                         f"running there (-ip/-port)?") from err
@@ -89,21 +93,23 @@ class StateClient:
         self._request("GET", "/healthz", retry_s=deadline_s)
 
     def init(self, workers: int, epsilon: float | None = None, run: str | None = None,
-             lost: list[int] | None = None) -> None:
+             lost: list[int] | None = None, retry_s: float | None = None) -> None:
         """Start afresh for `run` (then every report carries it), without the `lost` ranks;
-        `epsilon` None: the server's own margin (by default `auto`)."""
+        `epsilon` None: the server's own margin (by default `auto`); `retry_s`: as for
+        `report_async`."""
         self.run = run
         self.lost = sorted(lost or [])
         self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run,
-                                        "lost": self.lost})
+                                        "lost": self.lost}, retry_s=retry_s)
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:
         return self.report_async(rank, round, steps, step_time, device)()
 
     def report_async(self, rank: int, round: int, steps: int, step_time: float,
-                     device: str = "") -> Callable[[], Decision]:
-        """Write the report now; the returned function reads the answer (call it once)."""
+                     device: str = "", retry_s: float | None = None) -> Callable[[], Decision]:
+        """Write the report now; the returned function reads the answer (call it once),
+        trying a server it cannot reach for `retry_s` seconds (default: the client's)."""
         body = {"rank": rank, "round": round, "steps": steps, "step_time": step_time,
                 "device": device}
         if self.run is not None:
@@ -116,7 +122,8 @@ class StateClient:
         except (OSError, http.client.HTTPException):
             self.close()  # the read sends it again, on a fresh connection
             sent = False
-        return lambda: self._decision(self._request("POST", "/report", body, sent=sent))
+        return lambda: self._decision(self._request("POST", "/report", body, sent=sent,
+                                                    retry_s=retry_s))
 
     @staticmethod
     def _decision(data: dict) -> Decision:
