@@ -179,6 +179,34 @@ def test_per_worker_figures(run_dir):
     assert w1["bytes_sent"] == 4000
 
 
+def test_the_fields_a_mode_adds_to_its_records_are_summarised_as_their_means(tmp_path):
+    # (a plugin's field, SelSync's `synced`, and a field only some rounds have)
+    records = worker_records(0)
+    for i, r in enumerate(records):
+        r.update(pushes_refused=i, synced=int(i % 2 == 0), note="text is not summarised")
+    records[0]["late"] = 3.0
+    summary = summarize(write_run(tmp_path / "run", workers={0: records}))
+    w0 = summary["per_worker"][0]
+    assert w0["mean_pushes_refused"] == pytest.approx(1.5) and w0["mean_late"] == 3.0
+    assert w0["mean_synced"] == 0.5 and summary["synced_fraction"] == 0.5
+    assert "mean_note" not in w0 and "mean_loss" not in w0  # (a standard field)
+
+
+def test_every_field_of_the_loops_round_record_is_a_standard_one():
+    import types
+
+    from hetsync.runtime.rounds import RoundAccount
+    from hetsync.telemetry.runlog import ROUND_FIELDS
+
+    clock = types.SimpleNamespace(take=lambda: {"wait": 0.1})
+    mode = types.SimpleNamespace(comm=types.SimpleNamespace(clock=clock, device_name="cpu"),
+                                 lr=0.1, round_record=lambda: {})
+    rnd = RoundAccount()
+    rnd.draw(0, 0)
+    record = rnd.record(mode, 0, 1, 0.0, 0.0, 0)
+    assert set(record) | {"epoch_batches"} == ROUND_FIELDS
+
+
 def test_wall_time_falls_back_to_latest_record_when_run_crashed(tmp_path):
     s = summarize(write_run(tmp_path / "r", wall_s=None))
     assert s["complete"] is False

@@ -19,8 +19,8 @@
    state: learning-rate schedulers and `GradScaler` work on it as on the optimizer itself.
    Under `GradScaler`, a worker whose gradients overflowed takes part in the step with zero
    gradients (every worker must take part in every round) and its scale is lowered as usual.
-3. `step()`: the emulated slowdown (`slowdown=`: a slower device), the mode's decide and
-   apply, exactly as `hetsync worker`'s training loop does.
+3. `step()`: the emulated slowdown (`slowdown=`: a slower device), then the training loop's
+   own step driver (`runtime/rounds.py`: decide, perform, the round's record).
 4. `finish()` is an agreed stop for uneven inputs, as torch's `Join` and horovod's `join`: a
    worker whose data has run out keeps taking part in the others' rounds, contributing nothing
    (each round's sum counts its contributors and averages over them), until every worker has
@@ -56,7 +56,7 @@ from hetsync.config import COLLECTIVES
 from hetsync.runtime.assembly import assemble
 from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
-from hetsync.runtime.rounds import RoundAccount
+from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
 
 
@@ -258,20 +258,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         overflowed = self._unscale()
-        mode, timer, clock = self.mode, self.mode.comm.timer, self.mode.comm.clock
+        mode, timer = self.mode, self.mode.comm.timer
         timer.emulate()
         ended = time.perf_counter()
         # An overflowed step sits its round out, as a joined worker does, where the mode's
         # sums count their contributors; elsewhere its zeroed gradient goes in.
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
-        applying, applied_waited = time.perf_counter(), clock.total()
-        try:
-            mode.poll()
-            action = mode.decide(Step(self._step_started, ended))
-            finished_round = mode.round
-            applying, applied_waited = time.perf_counter(), clock.total()
-            mode.perform(action)
+        rnd = self._recorder.round if self._recorder is not None else RoundAccount()
+        try:  # the training loop's own step (`runtime/rounds.py`)
+            action = decide(mode, Step(self._step_started, ended))
+            finished_round = perform(mode, action, rnd)
         except PEER_FAILURES as err:
             if self._departures is None:
                 raise
@@ -282,7 +279,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if action.ends_round and self._count_joined:
             mode.comm.barrier(torch.zeros(1))
         if self._recorder is not None:
-            self._recorder.step(self._step_started, ended, applying, applied_waited, loss,
+            self._recorder.step(self._step_started, ended, loss,
                                 finished_round if action.ends_round else None)
         if self._store_join is not None:
             self._store_join.beat()
@@ -543,18 +540,14 @@ class RunRecorder:
                           and a.dim()), None)
             self.round.samples += int(first.shape[0]) if first is not None else 0
 
-    def step(self, started: float, ended: float, applying: float, applied_waited: float,
-             loss, finished_round: int | None) -> None:
+    def step(self, started: float, ended: float, loss, finished_round: int | None) -> None:
         """Account one step (times as the training loop takes them: from the last step's
-        end, the user's forward and backward and the emulated slowdown; then the local
-        update less the waiting and communicating in it); record the round it ended."""
-        clock, rnd = self.mode.comm.clock, self.round
-        now, total = time.perf_counter(), clock.total()
+        end, the user's forward and backward and the emulated slowdown; the local update
+        was `perform`'s); record the round it ended. (Its samples: the forward hook's.)"""
+        rnd = self.round
         user = ended - started - self._eval_since_step  # (an evaluation between steps)
         self._eval_since_step = 0.0
-        rnd.compute += user + (now - applying) - (total - applied_waited)
-        rnd.steps += 1
-        rnd.loss_sum += float(loss) if loss is not None else float("nan")
+        rnd.add_step(user, float(loss) if loss is not None else float("nan"))
         if finished_round is not None:
             self.records.write(rnd.record(self.mode, self.rank, finished_round, self.t0,
                                           self.eval_total, self.epoch))

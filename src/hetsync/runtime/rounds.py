@@ -1,4 +1,16 @@
-"""A round's accounting and its record, for the training loop and `hetsync.wrap` alike.
+"""The mode's side of a step, a round's accounting and its record, for the training loop and
+`hetsync.wrap` alike.
+
+A step, after the caller's forward and backward (`RoundAccount.add_step`):
+
+1. `decide`: the mode takes in what arrived in the background (`Mode.poll`), then decides
+   what the step does (`Mode.decide`, no I/O);
+2. (the training loop: at a round's end, the agreement that travels before the mode's
+   communication);
+3. `perform`: the local update and the mode's communication, the round counted if the
+   action ended one (`Mode.perform`); the part not spent waiting or communicating is the
+   round's compute;
+4. at a round's end, its record (`RoundAccount.record`) and a new account.
 
 A round's time splits into compute (data, forward, backward, the emulated slowdown and the
 local update: what is not spent waiting or communicating), wait, communication and query (the
@@ -11,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from hetsync.algorithms.base import Action, Mode, Step
 
 
 def meter_totals() -> tuple[int, int]:
@@ -33,6 +47,15 @@ class RoundAccount:
     #: the data ledger: [epoch, first batch, end batch) ranges of the worker's shard that
     #: this round drew (`draw`); a record's `drawn` (docs/design.md, "The data ledger")
     drawn: list[list[int]] = field(default_factory=list)
+
+    def add_step(self, compute_s: float, loss: float, samples: int = 0) -> None:
+        """A step's forward, backward and emulated slowdown (`compute_s`: less what the
+        mode waited or communicated inside them, as DDP does in backward), its loss and its
+        batch's samples."""
+        self.compute += compute_s
+        self.steps += 1
+        self.samples += samples
+        self.loss_sum += loss
 
     def draw(self, epoch: int, batch: int) -> None:
         """Batch `batch` (0-based) of the shard's epoch `epoch` was drawn."""
@@ -59,3 +82,19 @@ class RoundAccount:
             "loss": self.loss_sum / self.steps if self.steps else float("nan"),
             "lr": mode.lr, "epoch": epoch, **({"drawn": self.drawn} if self.drawn else {}),
             **mode.round_record()}
+
+
+def decide(mode: Mode, step: Step) -> Action:
+    """Step 1 (see the module docstring): take in what arrived, then decide."""
+    mode.poll()
+    return mode.decide(step)
+
+
+def perform(mode: Mode, action: Action, rnd: RoundAccount) -> int:
+    """Step 3: apply `action` and count the round it ends; its local part is `rnd`'s
+    compute. Returns the round it finished (or is part of)."""
+    finished, clock = mode.round, mode.comm.clock
+    applying, waited = time.perf_counter(), clock.total()
+    mode.perform(action)
+    rnd.compute += (time.perf_counter() - applying) - (clock.total() - waited)
+    return finished

@@ -1,17 +1,18 @@
 """The one training loop that every mode runs, hetsync's and PyTorch's baselines alike.
 
-Per step (see `hetsync.algorithms.base` for the mode's side):
+Per step (see `hetsync.algorithms.base` for the mode's side, and `rounds.py` for the step's
+driver, which `hetsync.wrap` shares):
 
 1. draw a batch of this worker's shard; forward (through `mode.module`) and backward;
 2. emulate the device's slowness (`heterogeneity.py`), before any communication of the step;
-3. `mode.poll()`, then `action = mode.decide(step)`: what the step does, decided without I/O;
+3. `decide`: `mode.poll()`, then `mode.decide(step)`: what the step does, decided without I/O;
 4. at the end of a round, the leader's proposal (samples, evaluate, stop, admit) goes out by the
    mode's control path: a blocking four-float all-reduce before the round's communication (it is
    that round's barrier), a job on the background channel after it (acted on when it comes
    in, and before the next round starts, so every worker stops after the same round), or the
    key-value store (asynchronous modes);
-5. `mode.perform(action)`: the local update and the mode's communication (`apply`), then
-   the round counted if the action ended one;
+5. `perform`: the local update and the mode's communication (`Mode.perform`), then the round
+   counted if the action ended one;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
    samples seen, evaluation (by the leader, of the global model; in collective modes every worker
    pauses for it), stop, lost workers let in (`_admit`); at every `--checkpoint-every`-th
@@ -52,7 +53,7 @@ from hetsync.config import Config
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
-from hetsync.runtime.rounds import RoundAccount
+from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
 from hetsync.telemetry.recorder import JsonlWriter
 
@@ -418,16 +419,13 @@ class TrainingLoop:
                 torch.cuda.synchronize(self.device)
             timer.emulate()  # a slower device (runtime/heterogeneity.py); DDP did in backward
             ended = time.perf_counter()
-            # (DDP waits and communicates inside backward: that time is not computing)
-            rnd.compute += (ended - started) - (comm.clock.total() - waited)
-            rnd.steps += 1
-            rnd.samples += len(idx)
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(
                     f"rank {self.rank}: training loss is {loss_value} at round {mode.round}; "
                     f"lower the learning rate (-l/-ll, now {mode.lr})")
-            rnd.loss_sum += loss_value
+            rnd.add_step((ended - started) - (comm.clock.total() - waited), loss_value,
+                         len(idx))
             try:
                 stop, rnd = self._communicate(st, rnd, Step(started, ended, epoch))
             except CommError as err:
@@ -451,18 +449,13 @@ class TrainingLoop:
                      step: Step) -> tuple[bool, RoundAccount]:
         """The step's second half: take in what arrived, decide, apply, and at a round's
         end agree, record and checkpoint. Returns (stop, the round's account)."""
-        mode, comm = self.mode, self.mode.comm
-        mode.poll()
-        action = mode.decide(step)
+        action = decide(self.mode, step)
         agreement = None
         if action.ends_round:
             stop, agreement = self._before_apply(st, rnd)
             if stop:
                 return True, rnd
-        finished_round = mode.round
-        applying, waited = time.perf_counter(), comm.clock.total()
-        mode.perform(action)
-        rnd.compute += (time.perf_counter() - applying) - (comm.clock.total() - waited)
+        finished_round = perform(self.mode, action, rnd)
         if not action.ends_round:
             return self._background_agreement(st, wait=False), rnd
 

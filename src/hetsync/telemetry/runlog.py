@@ -4,9 +4,10 @@ A run directory holds:
 
 - ``run.json``: the run's config, versions, start/end time, world size and per-rank
   ``{rank, host, device, slowdown}`` (``end_time``/``wall_s`` are missing after a crash);
-- ``worker-{rank}.jsonl``: one record per round (``round, local_steps, samples, t_start,
-  t_end, compute_s, wait_s, comm_s, bytes_sent, bytes_recv, loss, lr`` and, when written,
-  ``eval_s`` and ``query_s``);
+- ``worker-{rank}.jsonl``: one record per round (``ROUND_FIELDS``: ``round, local_steps,
+  samples, t_start, t_end, compute_s, wait_s, comm_s, bytes_sent, bytes_recv, loss, lr``
+  and, when written, ``eval_s``, ``query_s``, the data ledger's ``drawn`` and
+  ``epoch_batches``), and the fields the mode adds (`Mode.round_record`);
 - ``eval.jsonl``: ``t, train_time, round, samples_seen, test_acc, test_loss``;
 - ``ps.jsonl`` (optional): cumulative ``{t, bytes_sent, bytes_recv}`` of the parameter server;
 - ``state-server.json`` (optional): ``{bytes_sent, bytes_recv, requests, lost, last_round}``
@@ -25,6 +26,13 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+#: the fields of every round record (`runtime/rounds.py`'s `RoundAccount.record`); any other
+#: is one the mode adds (`Mode.round_record`)
+ROUND_FIELDS = frozenset({
+    "rank", "device", "round", "local_steps", "samples", "t_start", "t_end", "compute_s",
+    "wait_s", "comm_s", "query_s", "eval_s", "bytes_sent", "bytes_recv", "loss", "lr",
+    "epoch", "drawn", "epoch_batches"})
 
 __all__ = [
     "RunLog",

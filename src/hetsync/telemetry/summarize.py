@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hetsync.telemetry.ledger import run_ledger
 from hetsync.telemetry.metric import ACCURACY, Metric, metric_of
-from hetsync.telemetry.runlog import RunLog, read_run
+from hetsync.telemetry.runlog import ROUND_FIELDS, RunLog, read_run
 
 __all__ = [
     "target_key",
@@ -38,6 +38,10 @@ HELD = 0.9
 def target_key(target: float) -> str:
     """The key of ``target`` in ``time_to_target``: ``str(float(target))``, e.g. ``"0.8"``."""
     return str(float(target))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -67,10 +71,10 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     - ``isolated_throughput`` = samples ÷ compute_s: the rate the worker, slowdown included,
       would train at if it never waited or communicated (its measured speed, beside the
       nominal speed of its emulated device);
-    - where the mode records them: ``synced_fraction`` = the fraction of rounds with
-      ``synced`` (SelSync: steps that synchronised), ``mean_staleness`` = the mean of
-      ``staleness`` (eager-SGD: rounds between a gradient's model and the round that carried
-      it).
+    - ``mean_FIELD`` for every number the mode adds to its records (`Mode.round_record`):
+      its mean over the rounds that have it — e.g. ``mean_synced``, the fraction of SelSync's
+      steps that synchronised, ``mean_staleness``, eager-SGD's rounds between a gradient's
+      model and the round that carried it.
 
     Ratios are ``None`` when their denominator is not positive.
     """
@@ -81,10 +85,10 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     compute_s, eval_s = total("compute_s"), total("eval_s")
     wall = (max(float(r["t_end"]) for r in records) - min(float(r["t_start"]) for r in records)) if records else 0.0
     optional = {}
-    for key, name in (("synced", "synced_fraction"), ("staleness", "mean_staleness")):
-        values = [float(r[key]) for r in records if r.get(key) is not None]
+    for key in sorted({k for r in records for k in r} - ROUND_FIELDS):
+        values = [float(r[key]) for r in records if _number(r.get(key))]
         if values:
-            optional[name] = sum(values) / len(values)
+            optional[f"mean_{key}"] = sum(values) / len(values)
     return {
         "rounds": len(records),
         "local_steps": int(sum(int(r["local_steps"]) for r in records)),
@@ -223,7 +227,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "best_loss": min((float(e["test_loss"]) for e in evals if e.get("test_loss") is not None),
                          default=None),
         "missing_workers": sorted(set(declared) - set(log.workers)),
-        "synced_fraction": per_worker[0].get("synced_fraction") if per_worker else None,
+        "synced_fraction": per_worker[0].get("mean_synced") if per_worker else None,
         "speed_scale": float(config.get("speed_scale") or 1.0),
         "step_work": config.get("step_work"),
         "warnings": emulation_warnings(per_worker),
