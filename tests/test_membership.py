@@ -190,3 +190,34 @@ def test_a_joiner_leaves_quietly_when_the_run_ended_and_says_so_when_nobody_answ
     assert Membership(store, 1, [0, 1, 2], timeout=5.0).enter(wait=5.0) is False
     with pytest.raises(CommError, match="rank 2 asked to join but was not admitted within 0 s"):
         Membership(dist.HashStore(), 2, [0, 1, 2], timeout=5.0).enter(wait=0.2)
+
+
+def _make_groups(rank, world, members, absent=()):
+    """`Membership.groups` of `members` on this rank (none on the ranks `absent` or not
+    members); what came of it, how long it took, and the groups' collective timeout."""
+    import torch
+
+    if rank not in members or rank in absent:
+        return None
+    m = Membership(dist.distributed_c10d._get_default_store(), rank, [0, 1, 2], timeout=60.0,
+                   grace=0.5)
+    m.members = members
+    started = time.monotonic()
+    try:
+        main, _ = m.groups()
+    except Exception as err:  # noqa: BLE001 - what the test looks at
+        return type(err).__name__, time.monotonic() - started, None
+    timeout = main._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    return "made", time.monotonic() - started, timeout
+
+
+@pytest.mark.slow
+def test_making_the_groups_gives_up_on_a_member_that_never_comes_long_before_the_timeout():
+    from distributed import run_ranks
+
+    # rank 2 registered, then died: it never makes the groups
+    for outcome, took, _ in run_ranks(_make_groups, 3, [0, 1, 2], [2])[:2]:
+        assert outcome != "made" and took < 30.0, (outcome, took)  # (MAKING_S 5 s; timeout 60)
+    # every member there: made, and their collectives wait the timeout
+    made = run_ranks(_make_groups, 3, [0, 1])[:2]
+    assert [(outcome, timeout) for outcome, _, timeout in made] == [("made", 60.0)] * 2

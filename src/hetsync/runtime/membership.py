@@ -22,12 +22,13 @@ the others at the channel's timeout. So that nobody waits that long:
    the two must differ).
 
 A member lost while the groups are made (after it registered) never connects: making them
-fails at the timeout, and the members regroup again (`rebuild`), without it. A rank left out
-(it registered too late) stops with an error naming the regroup. Ranks keep
-their numbers: a group's ranks are global ranks, so records, shards and the state server's
-reports stay as they were. One member leads (`leader`): it proposes, evaluates and writes the
-global model (`runtime/training.py`) — rank 0 until it is lost, then the lowest survivor, which
-keeps the lead while it lives (a rank that joins never takes it back).
+fails within `MAKING_S` (not the timeout: every live member is making them at the same
+time), and the members regroup again (`rebuild`), without it. A rank left out (it registered
+too late) stops with an error naming the regroup. Ranks keep their numbers: a group's ranks
+are global ranks, so records, shards and the state server's reports stay as they were. One
+member leads (`leader`): it proposes, evaluates and writes the global model
+(`runtime/training.py`) — rank 0 until it is lost, then the lowest survivor, which keeps the
+lead while it lives (a rank that joins never takes it back).
 
 A lost rank may come back and join the running job (torchft's and elastic Horovod's "join";
 `hetsync worker --join`, which `launch` starts in place of a lost worker):
@@ -111,6 +112,9 @@ def all_lost(store: dist.Store, ranks) -> bool:
 class Membership:
     """The workers of a run that can go on without some of them, and their regroups."""
 
+    #: how long making the new groups waits for every member (at least; `groups`)
+    MAKING_S = 5.0
+
     def __init__(self, store: dist.Store, rank: int, members: list[int], *,
                  timeout: float, grace: float = 5.0):
         self.store, self.rank, self.timeout = store, rank, timeout
@@ -168,15 +172,22 @@ class Membership:
     def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
         """The members' new groups, made by them alone: (main thread's, channel's), the
         leader first in the main one (its group rank 0, which `broadcast` copies from); None
-        for a worker left alone. Waits at most the timeout for every member to connect."""
+        for a worker left alone. Waits at most `MAKING_S` (or the timeout, if shorter) for
+        every member to connect: each live one is making them at the same time, so one that
+        does not has died since it registered; the groups' collectives then wait up to the
+        timeout, as every other's."""
         if len(self.members) == 1:
             return None, None
-        wait = datetime.timedelta(seconds=self.timeout)
+        making = datetime.timedelta(seconds=min(self.timeout, max(self.grace, self.MAKING_S)))
         ranks = [self.leader] + [r for r in self.members if r != self.leader]
-        return (dist.new_group(ranks, timeout=wait, use_local_synchronization=True,
-                               sort_ranks=False),
-                dist.new_group(ranks[::-1], timeout=wait, use_local_synchronization=True,
-                               sort_ranks=False))
+        groups = (dist.new_group(ranks, timeout=making, use_local_synchronization=True,
+                                 sort_ranks=False),
+                  dist.new_group(ranks[::-1], timeout=making, use_local_synchronization=True,
+                                 sort_ranks=False))
+        for group in groups:
+            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout),
+                                                  group)
+        return groups
 
     # ------------------------------------------------------------------ joining
     def waiting(self) -> list[int]:
