@@ -199,3 +199,36 @@ def test_version_and_help_list_the_subcommands():
     r = _hetsync("--help")
     for command in ("launch", "worker", "state-server", "summarize", "plot", "bench"):
         assert command in r.stdout
+
+
+@pytest.mark.slow
+def test_a_state_server_killed_again_as_it_restarts_is_restarted_once_more(tmp_path):
+    """launch restarts a state server that died; one killed again while it starts (two
+    kills in a row, as in a chaos run) is not waited for until the start's deadline and does
+    not end the run: the next look restarts it."""
+    from hetsync.runtime.launcher import Cluster
+    from hetsync.state import StateClient
+
+    cfg = Config(mode="esync", log_dir=str(tmp_path), time_budget=3.0, **SMALL)
+    cluster = Cluster(cfg, tmp_path / "run")
+    try:
+        port = cluster.start_state_server()
+        cluster.procs["state-server"].kill()
+        spawn = cluster._spawn
+
+        def killed_at_once(*args, **kwargs):
+            proc = spawn(*args, **kwargs)
+            proc.kill()
+            return proc
+
+        cluster._spawn = killed_at_once
+        started = time.monotonic()
+        assert cluster.restart_state_server()   # died starting: not an error
+        assert time.monotonic() - started < 20.0  # (the start's own deadline is 30 s)
+        cluster._spawn = spawn
+        assert cluster.restart_state_server() and cluster.state_restarts == 2
+        client = StateClient("127.0.0.1", port, timeout=5)
+        client.wait_until_up(deadline_s=10)   # up again, on the workers' port
+        client.close()
+    finally:
+        cluster.stop()

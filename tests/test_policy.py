@@ -201,6 +201,8 @@ class _Server:
     """Answers every report with a plan of 40 ms left, or, while `up` is False, does not
     answer (as `StateClient` when it cannot connect within its retries)."""
 
+    host, port = "127.0.0.1", 1
+
     def __init__(self):
         self.up, self.reports = True, 0
 
@@ -210,7 +212,7 @@ class _Server:
             return lambda: Decision(3, "fits", time_left=0.040)
 
         def unanswered():
-            raise StateServerUnreachable("state server at 127.0.0.1:1 did not answer")
+            raise StateServerUnreachable("did not answer") from ConnectionRefusedError()
         return unanswered
 
 
@@ -235,7 +237,8 @@ def test_a_worker_follows_the_last_plan_while_the_state_server_is_down_and_retri
     assert [_round(plan) for _ in range(2)] == [4, 4]   # 40 ms left: four 10 ms steps
     server.up = False
     assert _round(plan) == 4   # (answered: reported before the server went down)
-    with pytest.warns(RuntimeWarning, match="did not answer; the rounds follow its last plan"):
+    with pytest.warns(RuntimeWarning, match=r"rank 0: the state server at 127.0.0.1:1 did not "
+                      r"answer \(ConnectionRefusedError\); the rounds follow its last plan"):
         assert _round(plan) == 4   # its answer did not come: the last plan
     reports = server.reports
     # paused: no report for RETRY_S (1 s, on the real clock), the last plan meanwhile

@@ -33,7 +33,9 @@ the deltas (`hetsync.algorithms.outer`) and `--drift-correction scaffold`'s cont
 (`hetsync.algorithms.scaffold`; with blocking rounds only) are the shared parts.
 
 Unlike the original, no batch is drawn and thrown away when the worker is told to stop: the
-decision is made after a step, not before the next one. The local optimizer's momentum (0 by
+decision is made after a step, not before the next one; and a state server that cannot be
+reached does not stop the workers: their rounds follow its last plan until it answers
+(`StatePlan`). The local optimizer's momentum (0 by
 default, as in ESync) stays local. A step's time is its data, forward, backward and emulated
 slowdown; the local update that follows it (a small fraction of a step) is not in it.
 """
@@ -161,8 +163,11 @@ class StatePlan:
         """The server did not answer: say so (once an outage), and pause before trying it
         again."""
         if self._retry_at is None:
-            warnings.warn(f"rank {self.comm.rank}: {err}; the rounds follow its last plan "
-                          f"until it answers again", RuntimeWarning, stacklevel=3)
+            client, cause = self.comm.state_client, err.__cause__ or err
+            warnings.warn(f"rank {self.comm.rank}: the state server at {client.host}:"
+                          f"{client.port} did not answer ({type(cause).__name__}); the rounds "
+                          f"follow its last plan until it answers again", RuntimeWarning,
+                          stacklevel=3)
         self._pause = min(2 * self._pause, self.MAX_RETRY_S) or self.RETRY_S
         self._retry_at = time.monotonic() + self._pause
 

@@ -158,26 +158,35 @@ class Cluster:
         # The workers' rank 0 starts the run on it with the mode's own options (`/init`); a
         # restarted one is given them here, and rebuilds its records from the next reports.
         epsilon = getattr(self.cfg.mode_options(), "epsilon", None)
-        self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
-                                     "--workers", str(self.cfg.workers),
-                                     "--epsilon", "auto" if epsilon is None else str(epsilon)])
+        proc = self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
+                                            "--workers", str(self.cfg.workers), "--epsilon",
+                                            "auto" if epsilon is None else str(epsilon)])
+        self.state_port = port
         client = StateClient(host, port, timeout=5, token=self.token)
+        deadline = time.monotonic() + 30
         try:
-            client.wait_until_up(deadline_s=30)
-        except Exception as err:
-            raise LaunchError(f"the state server did not start:\n"
-                              f"{_tail(self.logs / 'state-server.log')}") from err
+            while True:  # (not waiting for one that exited)
+                try:
+                    client.wait_until_up(deadline_s=0.5)
+                    return port
+                except Exception as err:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise LaunchError(f"the state server did not start:\n"
+                                          f"{_tail(self.logs / 'state-server.log')}") from err
         finally:
             client.close()
-        self.state_port = port
-        return port
 
     def restart_state_server(self) -> bool:
-        """Start a state server that died again on its port; False once restarts ran out."""
+        """Start a state server that died again on its port; False once restarts ran out.
+        One that dies again as it starts (killed again) is the next look's to restart."""
         if self.state_restarts >= self.STATE_SERVER_RESTARTS:
             return False
         self.state_restarts += 1
-        self.start_state_server(self.state_port)
+        try:
+            self.start_state_server(self.state_port)
+        except LaunchError:
+            if self.procs["state-server"].poll() is None:
+                raise  # running, but not answering
         return True
 
     def start_ranks(self, config_path: Path) -> None:
