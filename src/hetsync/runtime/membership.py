@@ -192,8 +192,7 @@ class Membership:
     # ------------------------------------------------------------------ joining
     def waiting(self) -> list[int]:
         """The lost ranks that asked to join (the leader looks at a round's end), less those
-        `launch` has seen exit since they asked (making groups with one would wait for it to
-        `--timeout`)."""
+        `launch` has seen exit since they asked (making groups with one would wait for it)."""
         try:
             return [r for r in self.lost if self.shared.check([f"{JOIN}/{r}"])
                     and not self.shared.check([f"{LOST}/{r}"])]
