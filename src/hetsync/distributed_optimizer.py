@@ -182,6 +182,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._membership = Membership(dist.PrefixStore(f"{prefix}/", store), rank,
                                           list(range(workers)), timeout=record["timeout"])
             self.mode.comm.channel.alarm = self._membership.alarm
+        #: the step's account where nothing is recorded (one, not one per step)
+        self._unrecorded = RoundAccount()
         self._step_started = self.mode.comm.timer.begin()
 
     def _exit_without_finish(self) -> None:
@@ -265,7 +267,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # sums count their contributors; elsewhere its zeroed gradient goes in.
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
-        rnd = self._recorder.round if self._recorder is not None else RoundAccount()
+        rnd = self._recorder.round if self._recorder is not None else self._unrecorded
         try:  # the training loop's own step (`runtime/rounds.py`)
             action = decide(mode, Step(self._step_started, ended))
             finished_round = perform(mode, action, rnd)
