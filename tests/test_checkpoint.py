@@ -110,6 +110,11 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
     assert state["optimizer"] is None and "global" not in state and state["rank"] == 1
     fresh = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=None)
     assert fresh["data"] == {"epoch": 0, "batch": 0}
+    # asynchronous: it counts on from its own last recorded round, not the leader's
+    counting = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
+                                             last_round=41)
+    assert (counting["round"], counting["recorded_round"], counting["mode"]) == \
+        (42, 41, {"round": 42})
 
 
 def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
@@ -477,9 +482,11 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
          "--slowdowns", "1,2,2", "--timeout", "30", "--time-budget", "10",
          "--eval-interval", "0.5", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
          "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while not (run / "worker-0.jsonl").exists() and proc.poll() is None:
+    # late enough that rank 0 (twice rank 1's speed) has recorded more rounds than rank 1
+    # will have at its last checkpoint
+    while proc.poll() is None and max(_records(run, 0, "t_end") if (
+            run / "worker-0.jsonl").exists() else [0.0], default=0.0) < 6.5:
         time.sleep(0.1)
-    time.sleep(3.0)
     pid = pid_of_rank(run, 0)
     assert pid is not None, "rank 0 is not running"
     os.kill(pid, signal.SIGKILL)
@@ -501,10 +508,19 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     assert summary["ledger"]["batches_twice"] == 0, summary["ledger"]
     # its checkpoints after the loss name rank 0 lost: the run resumes from the newest
     # (rank 1's global model), rank 0 restarted in it
+    before = _rounds(run, 0)
     resumed = subprocess.run(
         [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
          "13", "--quiet", "--no-figures"], capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     started = json.loads((run / "run.json").read_text())["resumed_from"]
     assert started["restarted"] == [0] and started["train_time"] >= 9.0, started
-    assert json.loads((run / "summary.json").read_text())["complete"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"]
+    # rank 0, restarted in rank 1's checkpoint, keeps every round it recorded before its
+    # loss (their work is in the global model) and goes on numbering after them
+    assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0, \
+        summary["ledger"]
+    after = _rounds(run, 0)
+    assert after[:len(before)] == before and len(after) > len(before), (before, after)
+    assert after == sorted(set(after)), after

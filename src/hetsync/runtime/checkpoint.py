@@ -34,8 +34,9 @@ by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restart
 (`for_restarted_rank`): the round, loop counters and what the mode's workers hold in common
 (`Mode.restart_state`: the global weights and the outer optimizer, not the peer's own step
 times or control variates) of the checkpoint's leader (its lowest rank not lost), a fresh
-local optimizer, and the data position of its own newest checkpoint (its shard's samples
-since then are drawn again). The restarted rank reads the leader's file, so the run
+local optimizer, and the data position where its recorded draws end (their work is in the
+global model; all its records are kept). In an asynchronous mode, whose workers count their
+own rounds, it counts on from its own last record, not from the leader's count. The restarted rank reads the leader's file, so the run
 directory must be one that every worker sees (as under `launch`).
 
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
@@ -194,18 +195,25 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
 
 
 def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
-                       own_newest: int | None, reached: dict[str, int] | None = None) -> dict:
+                       own_newest: int | None, reached: dict[str, int] | None = None,
+                       last_round: int | None = None) -> dict:
     """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
     its `leader`'s file of `index` (round, loop counters, mode state) with no optimizer
     state, and the data position `reached` (where the rank's recorded draws end: the work
     before its loss went into the global model it restarts from, so its batches are not
     drawn again), else that of its own newest checkpoint `own_newest`, else its start. The
-    mode's `restart_state` keeps of the leader's state only what the workers share."""
+    mode's `restart_state` keeps of the leader's state only what the workers share.
+    `last_round`: in an asynchronous mode, where each worker counts its own rounds, the
+    last one the rank recorded; it goes on after it (its records are all kept) instead of
+    taking the leader's count, which may be lower."""
     peer = load(file_of(run_dir, index, leader))
     data = (reached if reached is not None else
             load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
             else {"epoch": 0, "batch": 0})
     peer.pop("global", None)
+    if last_round is not None:
+        peer.update(round=last_round + 1, recorded_round=last_round,
+                    mode={**peer["mode"], "round": last_round + 1})
     return {**peer, "rank": rank, "optimizer": None, "data": data, "restarted": True}
 
 

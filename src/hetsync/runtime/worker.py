@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -322,10 +323,13 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if is_server:
         own = None
     elif rank in restarted:
-        records = run_dir / f"worker-{rank}.jsonl"
+        path = run_dir / f"worker-{rank}.jsonl"
+        records = read_jsonl(path) if path.is_file() else []
         own = checkpoint.for_restarted_rank(
             run_dir, index, rank, leader, lists[rank][0] if lists[rank] else None,
-            reached=ledger.reached(read_jsonl(records)) if records.is_file() else None)
+            reached=ledger.reached(records),
+            last_round=max((r["round"] for r in records), default=None) if not collective
+            else None)
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
@@ -354,8 +358,9 @@ def _load_global(model: torch.nn.Module, run_dir: Path, index: int, leader: int,
 
 def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
     """Drop the records written after this rank's checkpoint (that work is being redone; no
-    checkpoint: all of them)."""
-    last = -1 if own is None else own["recorded_round"]
+    checkpoint: all of them). A rank restarted in place of a lost one keeps all its records:
+    they end at its loss, and their work is in the global model it restarts from."""
+    last = -1 if own is None else math.inf if own.get("restarted") else own["recorded_round"]
     checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", lambda r: r.get("round", 0) <= last)
     if rank == 0:
         until = -1.0 if own is None else own["loop"]["train_time"] + 1e-6
