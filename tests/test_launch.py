@@ -232,3 +232,26 @@ def test_a_state_server_killed_again_as_it_restarts_is_restarted_once_more(tmp_p
         client.close()
     finally:
         cluster.stop()
+
+
+@pytest.mark.slow
+def test_launch_does_not_take_another_runs_state_server_for_its_own(tmp_path, monkeypatch):
+    """Two launches started at once can both find the default port free: the one whose
+    server then cannot listen on it starts it on another port, rather than hand its workers
+    the other run's server (which refuses their reports)."""
+    from hetsync.runtime import launcher
+    from hetsync.state import StateClient, StateServer
+
+    other = StateServer(workers=2, port=0).start()
+    monkeypatch.setattr(launcher, "_port_free", lambda host, port: True)  # (the race)
+    cluster = launcher.Cluster(Config(mode="esync", log_dir=str(tmp_path), state_port=other.port,
+                                      **SMALL), tmp_path / "run")
+    try:
+        port = cluster.start_state_server()
+        assert port != other.port
+        client = StateClient("127.0.0.1", port, timeout=5)
+        assert client.wait_until_up(deadline_s=5)["pid"] == cluster.procs["state-server"].pid
+        client.close()
+    finally:
+        cluster.stop()
+        other.stop()

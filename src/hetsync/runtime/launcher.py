@@ -150,7 +150,7 @@ class Cluster:
         """Start the state server (on `port`: a restart keeps the workers' address)."""
         from hetsync.state import StateClient
 
-        host = self.cfg.state_ip
+        host, restart = self.cfg.state_ip, port is not None
         if port is None:
             port = self.cfg.state_port
             if not _port_free(host, port):
@@ -167,8 +167,12 @@ class Cluster:
         try:
             while True:  # (not waiting for one that exited)
                 try:
-                    client.wait_until_up(deadline_s=0.5)
-                    return port
+                    if client.wait_until_up(deadline_s=0.5).get("pid") == proc.pid:
+                        return port
+                    # another run's server, started on the port since we found it free: ours
+                    # cannot listen there, and exits
+                    if proc.wait(timeout=5) is not None and not restart:
+                        return self.start_state_server(free_port(host))
                 except Exception as err:
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise LaunchError(f"the state server did not start:\n"

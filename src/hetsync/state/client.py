@@ -89,8 +89,9 @@ class StateClient:
                                        f"{data.get('error', response.status)}")
             return data
 
-    def wait_until_up(self, deadline_s: float = 30.0) -> None:
-        self._request("GET", "/healthz", retry_s=deadline_s)
+    def wait_until_up(self, deadline_s: float = 30.0) -> dict:
+        """The server's `/healthz` answer (its process id among it), once it gives one."""
+        return self._request("GET", "/healthz", retry_s=deadline_s)
 
     def init(self, workers: int, epsilon: float | None = None, run: str | None = None,
              lost: list[int] | None = None, retry_s: float | None = None) -> None:

@@ -20,7 +20,8 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
 - `GET /live/` → the live page of every mode (`telemetry/live.py`'s, as `launch` serves it),
   drawn from `GET /live/data`: for runs across machines;
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
-  that refreshes itself; `GET /healthz` → `{"ok": true}` (no token needed: it says nothing).
+  that refreshes itself; `GET /healthz` → `{"ok": true, "pid": PID}` (no token needed: it
+  says no more; `launch` tells its own server from another run's on the port by the pid).
 
 Hardening: anything else — an unknown path, a wrong method, a body that is not a JSON object or
 larger than `MAX_BODY`, a missing or ill-typed field, a number out of its range (`LIMITS`; every
@@ -198,8 +199,8 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
     async def live_data(request: Request):
         return reply(state["board"].snapshot())
 
-    async def healthz(request: Request):
-        return reply({"ok": True})
+    async def healthz(request: Request):  # (the pid: `launch` knows its own server by it)
+        return reply({"ok": True, "pid": os.getpid()})
 
     async def status(request: Request):
         now = clock()
