@@ -3,7 +3,9 @@
 import http.client
 import json
 import os
+import socket
 import statistics
+import time
 
 import pytest
 
@@ -132,6 +134,23 @@ def test_client_names_the_server_when_it_is_not_there():
     c = StateClient("127.0.0.1", 1, timeout=1)  # nothing listens on port 1
     with pytest.raises(StateServerError, match="127.0.0.1:1"):
         c.report(0, 1, 1, 0.1)
+
+
+def test_a_server_that_accepts_but_never_answers_is_waited_for_as_briefly_as_one_that_is_gone():
+    """A stopped (SIGSTOP) server: the kernel accepts the connection and the report, but no
+    answer comes. A read that would try a gone server for 0.25 s (ESync's, once it has a
+    plan) gives up within seconds, not after the client's 30 s timeout."""
+    from hetsync.state.client import StateServerUnreachable
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # (never accepts: connections wait in its backlog)
+        client = StateClient("127.0.0.1", silent.getsockname()[1], timeout=30)
+        started = time.monotonic()
+        with pytest.raises(StateServerUnreachable, match="did not answer"):
+            client.report_async(0, 1, 0, 0.01, retry_s=0.25)()
+        assert time.monotonic() - started < 10.0
+        client.close()
 
 
 def test_client_reports_a_refusal_with_the_servers_reason(server):

@@ -30,10 +30,14 @@ def valid_token(token: str) -> bool:
 
 class StateClient:
     """Talks to `hetsync state-server` at host:port; every attempt is bounded by `timeout`
-    seconds. A server that cannot be reached (it died, it is restarting) is tried again with
+    seconds (its read by what is left of `retry_s`, at least `MIN_READ_S`). A server that cannot be reached (it died, it is restarting) is tried again with
     exponential backoff for `retry_s` seconds (default: `timeout`) before `StateServerError`:
     a restarted server rebuilds its records from the workers' next reports.
     `token`: the server's shared secret (default: `HETSYNC_TOKEN`, if set)."""
+
+    #: the shortest wait for an answer, however little of `retry_s` is left: a server that
+    #: is up answers well within it, even on a busy machine
+    MIN_READ_S = 1.0
 
     def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0,
                  token: str | None = None, retry_s: float | None = None):
@@ -71,6 +75,10 @@ class StateClient:
                 if not sent:
                     self._send(method, path, body)
                 sent = False
+                # a server that accepts but does not answer (stopped) is waited for only as
+                # long as the caller would try one that refuses, not the whole `timeout`
+                self._conn.sock.settimeout(
+                    min(self.timeout, max(end - time.monotonic(), self.MIN_READ_S)))
                 response = self._conn.getresponse()
                 data = json.loads(response.read() or b"{}")
             except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
