@@ -52,6 +52,10 @@ def test_linear_scaling_and_sweep_choice():
         assert linear_scaling(mode, 0.05, 4).lr == 0.05
     assert best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).lr == 0.1
     assert best_of_sweep({0.05: 0.8, 0.1: 0.8}).lr == 0.05  # a tie: the smaller rate
+    # a best at the sweep's edge is a bound: the table says so (a failed rate brackets it)
+    assert "lowest tried" in best_of_sweep({0.05: 0.8, 0.1: 0.8}).how
+    assert "highest tried" in best_of_sweep({0.05: 0.7, 0.1: 0.8}).how
+    assert "tried:" not in best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).how
     with pytest.raises(ValueError):
         best_of_sweep({0.1: None})
     assert ring_bytes(1000, 4, 0, 4)[0] == 6000 and ring_bytes(1000, 1, 0, 4)[0] == 0

@@ -17,7 +17,8 @@ noise falls as 1/P.
 
 `--lr-sweep` replaces the rule: every mode trains `--sweep-budget` s at each listed rate (used
 as the mode's own rate, no scaling) and keeps the one with the best test accuracy at the end of
-its sweep run, its only evaluation; a rate whose run diverges or fails is skipped. The best
+its sweep run, its only evaluation; a rate whose run diverges or fails is skipped; a best at
+the sweep's lowest or highest rate is marked as such in the table (widen the sweep). The best
 rate depends on the horizon: a trial as long as the runs chooses for their final accuracy.
 """
 
@@ -66,4 +67,8 @@ def best_of_sweep(accuracies: Mapping[float, float | None],
     best = max(sorted(done), key=lambda lr: sign * done[lr])
     tried = ", ".join(f"{lr:g}:{'failed' if acc is None else format(acc, '.3f')}"
                       for lr, acc in sorted(accuracies.items()))
-    return LrChoice(best, f"sweep {tried}")
+    # the best of a sweep that did not bracket it is a bound, not a choice: say so
+    edge = ("" if len(accuracies) == 1 else
+            "; the lowest tried: a lower rate may be better" if best == min(accuracies) else
+            "; the highest tried: a higher rate may be better" if best == max(accuracies) else "")
+    return LrChoice(best, f"sweep {tried}{edge}")
