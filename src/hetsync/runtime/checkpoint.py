@@ -36,8 +36,9 @@ by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restart
 times or control variates) of the checkpoint's leader (its lowest rank not lost), a fresh
 local optimizer, and the data position where its recorded draws end (their work is in the
 global model; all its records are kept). In an asynchronous mode, whose workers count their
-own rounds, it counts on from its own last record, not from the leader's count. The restarted rank reads the leader's file, so the run
-directory must be one that every worker sees (as under `launch`).
+own rounds, it counts on from its own last record, not from the leader's count. The
+restarted rank reads the leader's file, so the run directory must be one that every worker
+sees (as under `launch`).
 
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
 it is in the checkpoint. The snapshots of the global model that deferred evaluation takes

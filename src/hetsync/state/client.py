@@ -30,9 +30,10 @@ def valid_token(token: str) -> bool:
 
 class StateClient:
     """Talks to `hetsync state-server` at host:port; every attempt is bounded by `timeout`
-    seconds (its read by what is left of `retry_s`, at least `MIN_READ_S`). A server that cannot be reached (it died, it is restarting) is tried again with
-    exponential backoff for `retry_s` seconds (default: `timeout`) before `StateServerError`:
-    a restarted server rebuilds its records from the workers' next reports.
+    seconds (its read by what is left of `retry_s`, at least `MIN_READ_S`). A server that
+    cannot be reached (it died, it is restarting) is tried again with exponential backoff for
+    `retry_s` seconds (default: `timeout`) before `StateServerError`: a restarted server
+    rebuilds its records from the workers' next reports.
     `token`: the server's shared secret (default: `HETSYNC_TOKEN`, if set)."""
 
     #: the shortest wait for an answer, however little of `retry_s` is left: a server that
