@@ -170,9 +170,11 @@ class Cluster:
                     if client.wait_until_up(deadline_s=0.5).get("pid") == proc.pid:
                         return port
                     # another run's server, started on the port since we found it free: ours
-                    # cannot listen there, and exits
-                    if proc.wait(timeout=5) is not None and not restart:
+                    # cannot listen there, and exits (a restart's port is the workers')
+                    proc.wait(timeout=5)
+                    if not restart:
                         return self.start_state_server(free_port(host))
+                    raise LaunchError(f"another run's state server holds port {port}")
                 except Exception as err:
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise LaunchError(f"the state server did not start:\n"
