@@ -337,6 +337,7 @@ CASES = [
     (S + ["--port", TAKEN], "--port: invalid value {taken_port}; cannot listen"),
     (S + ["--host", "no.such.host.invalid"], "--host: invalid value 'no.such.host.invalid'"),
     (S + ["--host", "192.0.2.1"], "--host: invalid value '192.0.2.1'"),
+    (S + ["--instance", "a b"], "argument --instance: invalid value 'a b'"),
     # ---- summarize, plot
     (["summarize", "x", "--targets", "nan"], "argument --targets: invalid value 'nan'"),
     (["summarize", "x", "--targets", "0.8", "inf"], "argument --targets: invalid value 'inf'"),

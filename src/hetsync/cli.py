@@ -219,13 +219,22 @@ def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
     return IF_ANY
 
 
+def parse_instance(text: str) -> str:
+    """`state-server --instance`: 1 to 64 letters, digits, '-' or '_'."""
+    if not (0 < len(text) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_")
+                                        for c in text)):
+        raise argparse.ArgumentTypeError(f"invalid value {text[:70]!r}; expected 1 to 64 "
+                                         f"letters, digits, '-' or '_'")
+    return text
+
+
 def cmd_state_server(args) -> int:
     from hetsync.state import StateServer
 
     check_host("--host", args.host, listen=True)
     # (a port that is taken or needs privileges: StateServer's one-line ServerConfigError)
     server = StateServer(args.workers, args.epsilon, host=args.host, port=args.port,
-                         token=args.token)
+                         token=args.token, instance=args.instance)
     eps = "auto" if args.epsilon is None else args.epsilon
     print(f"hetsync state server on http://{server.host}:{server.port}/ "
           f"({args.workers} workers, epsilon {eps})", flush=True)
@@ -397,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=parse_epsilon_fraction, default=None,
                    help="readiness margin as a fraction in (-1, 1) of the caller's step time, "
                         "or auto (default; the first worker's /init overrides it)")
+    p.add_argument("--instance", type=parse_instance, default=None,
+                   help="an id /healthz answers with, by which a launcher knows its own server")
     p.set_defaults(func=cmd_state_server)
 
     p = sub.add_parser("summarize", help="compute a run's figures into summary.json")

@@ -37,6 +37,10 @@ class LaunchError(RuntimeError):
     pass
 
 
+class PortTaken(LaunchError):
+    """Another run's state server holds the port a restarted one must keep (the workers')."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -146,11 +150,11 @@ class Cluster:
     #: how many times a state server that died is started again before the run is given up
     STATE_SERVER_RESTARTS = 5
 
-    def start_state_server(self, port: int | None = None) -> int:
-        """Start the state server (on `port`: a restart keeps the workers' address)."""
+    def start_state_server(self, port: int | None = None, restart: bool = False) -> int:
+        """Start the state server (on `port`; a `restart` keeps the workers' port)."""
         from hetsync.state import StateClient
 
-        host, restart = self.cfg.state_ip, port is not None
+        host = self.cfg.state_ip
         if port is None:
             port = self.cfg.state_port
             if not _port_free(host, port):
@@ -158,27 +162,33 @@ class Cluster:
         # The workers' rank 0 starts the run on it with the mode's own options (`/init`); a
         # restarted one is given them here, and rebuilds its records from the next reports.
         epsilon = getattr(self.cfg.mode_options(), "epsilon", None)
+        instance = secrets.token_hex(8)  # (its /healthz says it: ours, not another run's)
         proc = self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
                                             "--workers", str(self.cfg.workers), "--epsilon",
-                                            "auto" if epsilon is None else str(epsilon)])
+                                            "auto" if epsilon is None else str(epsilon),
+                                            "--instance", instance])
         self.state_port = port
         client = StateClient(host, port, timeout=5, token=self.token)
         deadline = time.monotonic() + 30
         try:
             while True:  # (not waiting for one that exited)
                 try:
-                    if client.wait_until_up(deadline_s=0.5).get("pid") == proc.pid:
-                        return port
-                    # another run's server, started on the port since we found it free: ours
-                    # cannot listen there, and exits (a restart's port is the workers')
-                    proc.wait(timeout=5)
-                    if not restart:
-                        return self.start_state_server(free_port(host))
-                    raise LaunchError(f"another run's state server holds port {port}")
+                    answer = client.wait_until_up(deadline_s=0.5)
                 except Exception as err:
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise LaunchError(f"the state server did not start:\n"
                                           f"{_tail(self.logs / 'state-server.log')}") from err
+                    continue
+                if answer.get("instance") == instance:
+                    return port
+                # another run's server, started on the port since we found it free: ours
+                # cannot listen there (a restart must keep the workers' port)
+                proc.kill()
+                proc.wait()
+                if restart:
+                    raise PortTaken(f"the state server cannot be started again on port {port}: "
+                                    f"another run's server holds it now")
+                return self.start_state_server(free_port(host))
         finally:
             client.close()
 
@@ -189,7 +199,9 @@ class Cluster:
             return False
         self.state_restarts += 1
         try:
-            self.start_state_server(self.state_port)
+            self.start_state_server(self.state_port, restart=True)
+        except PortTaken:
+            raise
         except LaunchError:
             if self.procs["state-server"].poll() is None:
                 raise  # running, but not answering

@@ -20,8 +20,9 @@ Endpoints (JSON bodies, keep-alive HTTP/1.1):
 - `GET /live/` → the live page of every mode (`telemetry/live.py`'s, as `launch` serves it),
   drawn from `GET /live/data`: for runs across machines;
 - `GET /status` → the records as JSON, with request and byte counts; `GET /` → a status page
-  that refreshes itself; `GET /healthz` → `{"ok": true, "pid": PID}` (no token needed: it
-  says no more; `launch` tells its own server from another run's on the port by the pid).
+  that refreshes itself; `GET /healthz` → `{"ok": true}`, with `"instance": ID` where it was
+  started with `--instance ID` (no token needed: it says no more; `launch` tells its own
+  server from another run's on the same port by the random id it gave it).
 
 Hardening: anything else — an unknown path, a wrong method, a body that is not a JSON object or
 larger than `MAX_BODY`, a missing or ill-typed field, a number out of its range (`LIMITS`; every
@@ -106,8 +107,10 @@ def _lost_ranks(body: dict, workers: int) -> frozenset[int]:
 
 
 def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
-               clock=time.monotonic, token: str | None = None) -> Starlette:
-    """The ASGI app; the tracker's times come from `clock` (the server's own)."""
+               clock=time.monotonic, token: str | None = None,
+               instance: str | None = None) -> Starlette:
+    """The ASGI app; the tracker's times come from `clock` (the server's own); `instance`:
+    what `/healthz` names it by."""
     state = {"tracker": ReadinessTracker(workers, epsilon), "run": None, "requests": 0,
              "board": LiveBoard(),
              "bytes_recv": 0, "bytes_sent": 0, "started": clock()}
@@ -199,8 +202,8 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
     async def live_data(request: Request):
         return reply(state["board"].snapshot())
 
-    async def healthz(request: Request):  # (the pid: `launch` knows its own server by it)
-        return reply({"ok": True, "pid": os.getpid()})
+    async def healthz(request: Request):
+        return reply({"ok": True, **({"instance": instance} if instance else {})})
 
     async def status(request: Request):
         now = clock()
@@ -283,7 +286,7 @@ class StateServer(Service):
 
     def __init__(self, workers: int, epsilon: float | None = DEFAULT_EPSILON,
                  host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 token: str | None = None):
+                 token: str | None = None, instance: str | None = None):
         if not 1 <= workers <= MAX_WORKERS:
             raise ServerConfigError(f"--workers {workers}: must be in 1..{MAX_WORKERS}")
         if epsilon is not None and not -1 < epsilon < 1:
@@ -296,4 +299,5 @@ class StateServer(Service):
             raise ServerConfigError(
                 f"--host {host} is reachable from other machines: give a shared secret with "
                 f"--token or {TOKEN_ENV} (every worker needs the same), or bind to 127.0.0.1")
-        super().__init__(create_app(workers, epsilon, token=token), host, port)
+        super().__init__(create_app(workers, epsilon, token=token, instance=instance),
+                         host, port)
