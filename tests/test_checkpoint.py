@@ -110,9 +110,18 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
     assert state["optimizer"] is None and "global" not in state and state["rank"] == 1
     fresh = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=None)
     assert fresh["data"] == {"epoch": 0, "batch": 0}
-    # asynchronous: it counts on from its own last recorded round, not the leader's
+    # its records before the checkpoint (t 3.0) stand: it draws on after them; a record
+    # after it (an attempt since, e.g. a resume that failed) does not
+    records = [{"round": 40, "t_end": 2.0, "drawn": [[0, 5, 9]]},
+               {"round": 41, "t_end": 2.5, "drawn": [[0, 9, 12]]},
+               {"round": 31, "t_end": 3.5, "drawn": [[0, 12, 20]]}]
+    state = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
+                                          records=records)
+    assert state["data"] == {"epoch": 0, "batch": 12} and state["records_until"] == 3.0
+    assert (state["round"], state["mode"]) == (30, {"round": 30})  # the leader's count
+    # asynchronous: it counts on from its own last kept round, not the leader's
     counting = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
-                                             last_round=41)
+                                             records=records, own_rounds=True)
     assert (counting["round"], counting["recorded_round"], counting["mode"]) == \
         (42, 41, {"round": 42})
 

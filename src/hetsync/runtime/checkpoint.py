@@ -34,11 +34,11 @@ by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restart
 (`for_restarted_rank`): the round, loop counters and what the mode's workers hold in common
 (`Mode.restart_state`: the global weights and the outer optimizer, not the peer's own step
 times or control variates) of the checkpoint's leader (its lowest rank not lost), a fresh
-local optimizer, and the data position where its recorded draws end (their work is in the
-global model; all its records are kept). In an asynchronous mode, whose workers count their
-own rounds, it counts on from its own last record, not from the leader's count. The
-restarted rank reads the leader's file, so the run directory must be one that every worker
-sees (as under `launch`).
+local optimizer, and the data position where its records written before the checkpoint end
+(their work is in the global model; those records are kept, any later ones dropped). In an
+asynchronous mode, whose workers count their own rounds, it counts on from its own last kept
+record, not from the leader's count. The restarted rank reads the leader's file, so the run
+directory must be one that every worker sees (as under `launch`).
 
 An aggregation in flight (ESync's background sum) is completed first (`Mode.settle`), so
 it is in the checkpoint. The snapshots of the global model that deferred evaluation takes
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import sys
 import tempfile
@@ -61,6 +62,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from hetsync.telemetry import ledger
 
 # 3: the loop keeps its last loss (--target-loss); 2: a local-step mode's outer optimizer is
 # a torch.optim.SGD, its round length apart
@@ -196,26 +199,31 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
 
 
 def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
-                       own_newest: int | None, reached: dict[str, int] | None = None,
-                       last_round: int | None = None) -> dict:
+                       own_newest: int | None, records: list[dict[str, Any]] = (),
+                       own_rounds: bool = False) -> dict:
     """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
     its `leader`'s file of `index` (round, loop counters, mode state) with no optimizer
-    state, and the data position `reached` (where the rank's recorded draws end: the work
-    before its loss went into the global model it restarts from, so its batches are not
-    drawn again), else that of its own newest checkpoint `own_newest`, else its start. The
-    mode's `restart_state` keeps of the leader's state only what the workers share.
-    `last_round`: in an asynchronous mode, where each worker counts its own rounds, the
-    last one the rank recorded; it goes on after it (its records are all kept) instead of
-    taking the leader's count, which may be lower."""
+    state. Of the rank's round `records`, those that ended before the checkpoint are kept
+    (`records_until`): their work went into the global model it restarts from (a later one
+    is an attempt since, e.g. a resume that failed, and is dropped). Its data position is
+    where the kept records' draws end, else that of its own newest checkpoint `own_newest`,
+    else its start. The mode's `restart_state` keeps of the leader's state only what the
+    workers share. `own_rounds`: each worker counts its own rounds (an asynchronous mode):
+    the rank counts on after its last kept record instead of taking the leader's count."""
     peer = load(file_of(run_dir, index, leader))
+    until = float(peer["loop"]["t"])
+    kept = [r for r in records if r.get("t_end", math.inf) <= until]
+    reached = ledger.reached(kept)
     data = (reached if reached is not None else
             load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
             else {"epoch": 0, "batch": 0})
     peer.pop("global", None)
-    if last_round is not None:
-        peer.update(round=last_round + 1, recorded_round=last_round,
-                    mode={**peer["mode"], "round": last_round + 1})
-    return {**peer, "rank": rank, "optimizer": None, "data": data, "restarted": True}
+    if own_rounds and kept:
+        last = max(int(r["round"]) for r in kept)
+        peer.update(round=last + 1, recorded_round=last,
+                    mode={**peer["mode"], "round": last + 1})
+    return {**peer, "rank": rank, "optimizer": None, "data": data, "restarted": True,
+            "records_until": until}
 
 
 class Checkpointer:

@@ -324,12 +324,9 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
         own = None
     elif rank in restarted:
         path = run_dir / f"worker-{rank}.jsonl"
-        records = read_jsonl(path) if path.is_file() else []
         own = checkpoint.for_restarted_rank(
             run_dir, index, rank, leader, lists[rank][0] if lists[rank] else None,
-            reached=ledger.reached(records),
-            last_round=max((r["round"] for r in records), default=None) if not collective
-            else None)
+            records=read_jsonl(path) if path.is_file() else [], own_rounds=not collective)
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
@@ -358,10 +355,16 @@ def _load_global(model: torch.nn.Module, run_dir: Path, index: int, leader: int,
 
 def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
     """Drop the records written after this rank's checkpoint (that work is being redone; no
-    checkpoint: all of them). A rank restarted in place of a lost one keeps all its records:
-    they end at its loss, and their work is in the global model it restarts from."""
-    last = -1 if own is None else math.inf if own.get("restarted") else own["recorded_round"]
-    checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", lambda r: r.get("round", 0) <= last)
+    checkpoint: all of them). A rank restarted in place of a lost one keeps those that ended
+    before the checkpoint it restarts from (`checkpoint.for_restarted_rank`)."""
+    restarted = own is not None and own.get("restarted")
+    last = -1 if own is None else own["recorded_round"]
+
+    def keep(record: dict) -> bool:
+        return (record.get("t_end", math.inf) <= own["records_until"] if restarted
+                else record.get("round", 0) <= last)
+
+    checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", keep)
     if rank == 0:
         until = -1.0 if own is None else own["loop"]["train_time"] + 1e-6
         checkpoint.cut_jsonl(run_dir / "eval.jsonl",
