@@ -125,9 +125,10 @@ class Config:
     dirichlet_alpha: float = field(default=0.5, metadata={"flags": ("--dirichlet-alpha",),
                                    "help": "label skew of --partition dirichlet"})
     state_ip: str = field(default="127.0.0.1", metadata={"flags": ("-ip", "--state-server-ip"),
-                          "help": "ESync state server address"})
+                          "help": "state server address (ESync's planner; every mode's "
+                                  "live page across machines)"})
     state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
-                            "help": "ESync state server port"})
+                            "help": "state server port"})
     live_report: bool = field(default=False, metadata={"flags": ("--live-report",),
         "help": "post this worker's figures every second to the state server (-ip/-port), "
                 "whose live page at /live/ then shows every worker of the run, in any mode "
