@@ -12,14 +12,14 @@ and spread over the middle of the time budget:
 - ``kill-evaluator``.
 
 A kill that would leave no worker is skipped. The regrouping modes and the asynchronous ones
-go on without a killed worker (rank 0 too) — and in esync and esync-outer `launch` starts it
-again and it joins the running job (`hetsync worker --join`); the others are resumed from
-their last checkpoint by `launch` (`--max-restarts`), as are the asynchronous modes when
-their parameter server is killed. Each run is judged by what a user would check: `launch` exits 0 (not
-lost), within its budget plus the restarts' cost (not hung: `--timeout` bounds every wait),
-one accuracy curve (no training time twice in `eval.jsonl`) to the budget, a complete
-summary, the data ledger's batches drawn twice and skipped, and the final accuracy against
-the undisturbed run's. The table goes to stdout and,
+go on without a killed worker (rank 0 too) — and in esync, esync-outer and the asynchronous
+modes `launch` starts it again and it joins the running job (`hetsync worker --join`); the
+others are resumed from their last checkpoint by `launch` (`--max-restarts`), as are the
+asynchronous modes when their parameter server is killed. Each run is judged by what a user
+would check: `launch` exits 0 (not lost), within its budget plus the restarts' cost (not
+hung: `--timeout` bounds every wait), one accuracy curve (no training time twice in
+`eval.jsonl`) to the budget, a complete summary, the data ledger's batches drawn twice and
+skipped, and the final accuracy against the undisturbed run's. The table goes to stdout and,
 with `--out`, to a Markdown file.
 
     .venv/bin/python benchmarks/chaos.py --modes esync-outer,async,sync --seeds 0,1 \\
@@ -45,8 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PS_MODES = ("async", "dcasgd", "gd", "dgc", "dgs", "fedbuff", "async-local-sgd")
 #: modes whose workers regroup without a lost one (any rank)
 REGROUPS = ("esync", "esync-outer", "eager-solo", "eager-majority")
-#: of those, the modes a lost worker joins again (launch starts it with --join)
-REJOINS = ("esync", "esync-outer")
 
 
 @dataclass

@@ -481,16 +481,17 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
 
 @pytest.mark.slow
 def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
-    """async, 3 workers: kill -9 of rank 0 (which evaluated and proposed the stop): the
-    parameter server loses it at once, rank 1 takes the lead once launch has marked it dead,
-    and the run ends at its budget on one accuracy curve (issue 31); it resumes from a
-    checkpoint written after the loss."""
+    """async, 3 workers, not started again (`--no-rejoin`): kill -9 of rank 0 (which
+    evaluated and proposed the stop): the parameter server loses it at once, rank 1 takes
+    the lead once launch has marked it dead, and the run ends at its budget on one accuracy
+    curve (issue 31); it resumes from a checkpoint written after the loss."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
          "--slowdowns", "1,2,2", "--timeout", "30", "--time-budget", "10",
          "--eval-interval", "0.5", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
-         "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--no-figures", "--no-rejoin"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # late enough that rank 0 (twice rank 1's speed) has recorded more rounds than rank 1
     # will have at its last checkpoint
     while proc.poll() is None and max(_records(run, 0, "t_end") if (
@@ -502,7 +503,7 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "rank-0 exited with code -9; async goes on without it" in out, out
-    assert "rank 1: leads from here (rank(s) 0 lost)" in (run / "logs" / "rank-1.log").read_text()
+    assert "rank 1: leads from here (rank 0 lost)" in (run / "logs" / "rank-1.log").read_text()
     ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
     assert ps[-1]["lost"] == [0], ps
     lost_at = max(_records(run, 0, "t_end"))
@@ -533,3 +534,57 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     after = _rounds(run, 0)
     assert after[:len(before)] == before and len(after) > len(before), (before, after)
     assert after == sorted(set(after)), after
+
+
+@pytest.mark.slow
+def test_a_lost_asynchronous_worker_joins_the_running_job_again(tmp_path):
+    """async, 3 workers: kill -9 of rank 1, then, once it is back, of rank 0 (the leader);
+    launch starts each again with --join and its new process links to the parameter server
+    (`runtime/server_link.py`, issue 31): it trains on to the budget, its rounds numbered on
+    from its own, drawing on where its records end (no batch twice or skipped); the lead
+    passes to rank 1 and stays there; one accuracy curve."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
+         "--slowdowns", "1,2,2", "--timeout", "30", "--time-budget", "16",
+         "--eval-interval", "0.5", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+         "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    killed_at = {}
+    for victim, after in ((1, None), (0, (1, "joined the run at round"))):
+        while (max(_records(run, victim, "t_end") if (run / f"worker-{victim}.jsonl").exists()
+                   else [0.0], default=0.0) < 3.0 or after is not None and after[1] not in
+               (run / "logs" / f"rank-{after[0]}.log").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(1.0)
+        pid = pid_of_rank(run, victim)
+        assert pid is not None, f"rank {victim} is not running"
+        killed_at[victim] = max(_records(run, victim, "t_end"))
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    logs = {r: (run / "logs" / f"rank-{r}.log").read_text() for r in range(3)}
+    for victim in (1, 0):
+        assert (f"rank-{victim} exited with code -9; async goes on without it; started it "
+                f"again to join the run") in out, out
+        waited = re.search(r"joined the run at round \d+, ([\d.]+) s after asking",
+                           logs[victim])
+        assert waited and float(waited.group(1)) < 10.0, logs[victim]
+        rounds = _rounds(run, victim)
+        assert rounds == sorted(set(rounds)), rounds  # counted on from its own
+        # it trained again after its loss (the run's clock goes on in its records)
+        assert sum(t > killed_at[victim] + 1.0 for t in _records(run, victim, "t_end")) >= 5
+    assert "rank 1: leads from here (rank 0 lost)" in logs[1], logs[1]
+    assert "leads from here" not in logs[0] + logs[2]
+    ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
+    assert ps[-1]["lost"] == [1, 0] and ps[-1]["rejoined"] == [1, 0], ps
+    evals = _evals(run)
+    times = [e["train_time"] for e in evals]
+    assert len(set(times)) == len(times) and times[-1] >= 16.0, times  # one curve, to the end
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["lost_workers"] == [], summary["lost_workers"]
+    assert summary["joined_workers"] == [1, 0] and "lost and joined again" in out
+    assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0, \
+        summary["ledger"]
+    assert evals[-1]["test_acc"] >= 0.70

@@ -3,6 +3,7 @@ apply-and-serve (a slow worker never blocks a fast one), sparse messages, refuse
 
 from __future__ import annotations
 
+import datetime
 import functools
 import time
 
@@ -332,3 +333,58 @@ def test_a_worker_known_dead_is_not_waited_for_after_the_others_finish():
     _, _, (lost, seconds) = run_ranks(_known_lost_ranks, 3, timeout=90)
     assert lost == [1]
     assert seconds < 10  # not the 30 s linger
+
+
+def _rejoin_ranks(rank: int, world_size: int):
+    """Rank 1 pushes twice and is lost (its process group destroyed: its connections
+    close, as a dead process's do); its "new process" links to the server through the store
+    (`runtime/server_link.py`) and pushes twice more, while rank 0 pushes throughout."""
+    import os
+
+    import torch.distributed as dist
+
+    from hetsync.comm import ParameterServer, PSClient
+    from hetsync.runtime import server_link
+    from hetsync.runtime.membership import shared
+
+    store = shared(dist.distributed_c10d._get_default_store())  # (rank 1's, once lost)
+    if rank == 2:
+        stats = ParameterServer([0, 1], SGDRule(), timeout=30,
+                                joins=server_link.Joins(store, 2)).serve()
+        return stats.lost, stats.rejoined, stats.per_worker
+    ps = PSClient(2, timeout=30)
+    if rank == 0:
+        pushes = 0
+        while not store.check(["test/rejoined-done"]):
+            ps.push_pull(torch.ones(DIM))
+            pushes += 1
+            time.sleep(0.02)
+        last = ps.push_pull(torch.ones(DIM))
+        ps.close()
+        return pushes + 1, last
+    for _ in range(2):
+        ps.push_pull(torch.ones(DIM))
+    dist.destroy_process_group()  # lost
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=30))
+    asked = time.monotonic()
+    ps.use_link(server_link.ask(store, 1, 2, wait=30, stopped=lambda: False))
+    linked = time.monotonic() - asked
+    replies = [ps.push_pull(torch.ones(DIM)) for _ in range(2)]
+    ps.close()
+    store.set("test/rejoined-done", "1")
+    return linked, replies
+
+
+def test_a_lost_worker_is_served_again_on_a_link_of_its_own():
+    """Its new process's pushes are applied like any (ASGD: the weights go down by lr per
+    push of ones, the others' included), the other worker is served throughout, and the
+    server names it lost, then served again."""
+    (pushes0, last0), (linked, replies), (lost, rejoined, per_worker) = run_ranks(
+        _rejoin_ranks, 3, timeout=90, agent_store=True)
+    assert lost == [1] and rejoined == [1], (lost, rejoined)
+    assert linked < 5.0, linked  # the server asks every 0.5 s between requests
+    assert per_worker == {0: pushes0 + 1, 1: 2 + 2 + 1}, per_worker  # (+1: goodbye)
+    # every push applied once: 4 of rank 1's and all of rank 0's
+    torch.testing.assert_close(last0, torch.full((DIM,), -LR * (pushes0 + 4), dtype=torch.float64))
+    assert replies[1][0] - replies[0][0] <= -LR + 1e-12  # its second push applied after its first

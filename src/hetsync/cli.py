@@ -192,8 +192,9 @@ def _check_joinable(cfg: Config, args) -> None:
         raise ConfigError("--join: give --run-dir, the directory of the running job to join")
     if cfg.workers < 2 or not cfg.admits_workers:
         raise ConfigError(f"--join: mode {cfg.effective_mode} cannot take in a worker while "
-                          f"it runs; esync and esync-outer can, with --overlap 1, more than "
-                          f"one worker, deferred evaluation and no parameter server")
+                          f"it runs; the asynchronous parameter-server modes can, and esync "
+                          f"and esync-outer with --overlap 1, more than one worker, deferred "
+                          f"evaluation and no parameter server")
 
 
 def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
@@ -377,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "started again up to N times and joins the running job (default: 3)")
     p.add_argument("--no-rejoin", action="store_true",
                    help="a lost worker is not started again to join the running job (esync "
-                   "and esync-outer in the background): the run goes on without it")
+                   "and esync-outer in the background, the asynchronous parameter-server "
+                   "modes): the run goes on without it")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
@@ -391,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "last checkpoint (config: its config.json unless --config)")
     p.add_argument("--join", action="store_true",
                    help="this rank was lost: join the job running in --run-dir at a round's "
-                   "end, from the global model (esync and esync-outer in the background)")
+                   "end, from the global model (esync and esync-outer in the background, the "
+                   "asynchronous parameter-server modes)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")

@@ -253,8 +253,12 @@ class Config:
 
     @property
     def admits_workers(self) -> bool:
-        """Whether a lost worker can join the running job (`hetsync worker --join`,
-        `runtime/membership.py`): the run regroups, and the mode can give it its state."""
+        """Whether a lost worker can join the running job (`hetsync worker --join`): the
+        run regroups and the mode can give it its state (`runtime/membership.py`), or the
+        mode is asynchronous and its parameter server takes it back
+        (`runtime/server_link.py`)."""
+        if self.needs_ps and self.spec.asynchronous:
+            return True
         return self.regroups and self.spec.worker.admits_a_worker(self.mode_options())
 
     @property

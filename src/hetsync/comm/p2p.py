@@ -219,8 +219,14 @@ class Inbox:
        :class:`CommError` naming the peer whose receive failed (its connection closed), or
        :class:`CommTimeoutError` when none completed in time. A peer is asked again only
        when the caller wants its next message.
-    3. :meth:`close`: threads still waiting (on peers that stay silent) are left to
+    3. :meth:`relink`: a peer's messages come on another group from now (a lost peer's new
+       process, on a group of its own with the receiver); what its old receive reports is
+       dropped.
+    4. :meth:`close`: threads still waiting (on peers that stay silent) are left to
        :func:`stranded`.
+
+    Peers are named by their rank in ``view`` (their global rank, where ``view`` is the
+    world's) however they are linked.
     """
 
     #: a thread waits until its peer sends or its connection fails; silence is the caller's
@@ -232,51 +238,70 @@ class Inbox:
         self._view, self._op, self._tag = view, op, tag
         self._numel, self._dtype = numel, dtype
         self._arrived: queue.SimpleQueue = queue.SimpleQueue()
-        self._posted = {p: queue.SimpleQueue() for p in peers}
+        #: peer -> (view, its rank there, its receives' queue): the link its messages come on
+        self._links: dict[int, tuple[GroupView, int, queue.SimpleQueue]] = {}
         self.asked: set[int] = set()
-        self._threads = [threading.Thread(target=self._wait, args=(p,), daemon=True,
-                                          name=f"hetsync-inbox-{p}") for p in peers]
-        for t in self._threads:
-            t.start()
+        self._threads: list[threading.Thread] = []
+        for p in peers:
+            self.relink(p, view, p)
+
+    def relink(self, peer: int, view: GroupView, group_rank: int) -> None:
+        """Receive ``peer``'s messages from ``group_rank`` of ``view`` from now on."""
+        if peer in self._links:
+            self._links[peer][2].put(None)  # (its thread ends, or reports a dropped failure)
+        posted: queue.SimpleQueue = queue.SimpleQueue()
+        self._links[peer] = (view, group_rank, posted)
+        self.asked.discard(peer)
+        thread = threading.Thread(target=self._wait, args=(peer, posted), daemon=True,
+                                  name=f"hetsync-inbox-{peer}")
+        self._threads.append(thread)
+        thread.start()
 
     def ask(self, peer: int) -> None:
         """Post the receive of ``peer``'s next message."""
+        view, group_rank, posted = self._links[peer]
         tensor = torch.empty(self._numel, dtype=self._dtype)
         self.asked.add(peer)
         try:  # fails at once where the connection is already closed
-            work = self._view.pg.recv([tensor], peer, self._tag)
+            work = view.pg.recv([tensor], group_rank, self._tag)
         except Exception as exc:  # noqa: BLE001
-            self._arrived.put((peer, None, exc))
+            self._arrived.put((peer, posted, None, exc))
             return
-        self._posted[peer].put((tensor, work))
+        posted.put((tensor, work))
 
-    def _wait(self, peer: int) -> None:
-        while (item := self._posted[peer].get()) is not None:
+    def _wait(self, peer: int, posted: queue.SimpleQueue) -> None:
+        while (item := posted.get()) is not None:
             tensor, work = item
             try:
                 work.wait(timeout=self._FOREVER)
             except Exception as exc:  # noqa: BLE001 - reported to get()
-                self._arrived.put((peer, None, exc))
+                self._arrived.put((peer, posted, None, exc))
                 return
-            self._arrived.put((peer, tensor, None))
+            self._arrived.put((peer, posted, tensor, None))
 
     def get(self, timeout: float) -> tuple[int, torch.Tensor]:
         """The first asked message to arrive within ``timeout`` seconds: (peer, tensor)."""
-        try:
-            peer, tensor, exc = self._arrived.get(timeout=timeout)
-        except queue.Empty:
-            raise CommTimeoutError(f"{self._op}: no message from any of {sorted(self.asked)} "
-                                   f"within {timeout:g} s", op=self._op,
-                                   seconds=timeout) from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                peer, posted, tensor, exc = self._arrived.get(
+                    timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise CommTimeoutError(f"{self._op}: no message from any of "
+                                       f"{sorted(self.asked)} within {timeout:g} s",
+                                       op=self._op, seconds=timeout) from None
+            if posted is self._links[peer][2]:
+                break  # (else from a link replaced since: dropped)
         self.asked.discard(peer)
         if exc is not None:
-            raise comm_error(exc, op=self._op, kind=RECV, peer=self._view.global_rank(peer),
+            view, group_rank, _ = self._links[peer]
+            raise comm_error(exc, op=self._op, kind=RECV, peer=view.global_rank(group_rank),
                              seconds=timeout) from exc
         return peer, tensor
 
     def close(self) -> None:
         """Stop the threads; those still waiting on a silent peer are left behind."""
-        for posted in self._posted.values():
+        for _, _, posted in self._links.values():
             posted.put(None)
         _left.extend(t for t in self._threads if t.is_alive())
 

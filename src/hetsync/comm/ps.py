@@ -91,6 +91,8 @@ class ServerStats:
     #: workers that never said BYE: given up after `linger`, or whose connection failed in
     #: the middle of a request (they died)
     lost: list[int] = dataclasses.field(default_factory=list)
+    #: lost workers served again, each time one's new process linked (`joins`)
+    rejoined: list[int] = dataclasses.field(default_factory=list)
 
 
 def _explain(reply: Header) -> str:
@@ -130,6 +132,10 @@ class ParameterServer:
             store); asked after each goodbye, so the server need not linger for them.
         gone: called with each worker the server serves no more without its goodbye (lost
             or refused), so that the others need not wait for it (``hetsync.wrap``'s stop).
+        joins: ``joins(lost)`` → ``[(worker, view)]``: the lost workers whose new process
+            asked to be served again, each with the group of it and the server to serve it
+            on from now (``runtime/server_link.py``); asked every :data:`JOIN_POLL_S` s at
+            most, until a worker has said goodbye.
 
     The loop, one request at a time:
 
@@ -145,6 +151,8 @@ class ParameterServer:
        reply) is lost at once: recorded in ``stats.lost`` and served no more; the others go
        on. One that is silent without a closed connection (stopped, or its machine gone
        from the network) is given up ``linger`` seconds after the others have finished.
+       A lost worker whose new process asks (``joins``) is served again, on its new link,
+       its requests numbered afresh.
     3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
@@ -156,7 +164,8 @@ class ParameterServer:
                  timeout: float | None = None, numel: int | None = None,
                  sum_numel: int | None = None, linger: float | None = None,
                  known_lost: Callable[[], Iterable[int]] | None = None,
-                 gone: Callable[[int, str], None] | None = None):
+                 gone: Callable[[int, str], None] | None = None,
+                 joins: Callable[[list[int]], list[tuple[int, GroupView]]] | None = None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -179,14 +188,23 @@ class ParameterServer:
         self.linger = linger
         self.known_lost = known_lost
         self.gone = gone
+        self.joins = joins
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
         self._view: GroupView | None = None
+        #: worker -> (view, its group rank) where it is served apart from the default group
+        self._links: dict[int, tuple[GroupView, int]] = {}
+
+    #: how often `joins` is asked, at most
+    JOIN_POLL_S = 0.5
 
     # -- transport -----------------------------------------------------------------------
-    def _transfer(self, ops, op: str, timeout: float | None = None) -> None:
-        sent, recv = p2p.transfer(ops, view=self._view, op=op,
+    def _transfer(self, worker: int, ops, op: str, timeout: float | None = None) -> None:
+        """`ops` (each naming `worker`) on `worker`'s link: the default group, or its own."""
+        view, peer = self._links.get(worker, (self._view, worker))
+        sent, recv = p2p.transfer([(kind, t, peer, *tag) for kind, t, _, *tag in ops],
+                                  view=view, op=op,
                                   timeout=timeout or resolve_timeout(self.timeout))
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
@@ -205,7 +223,7 @@ class ParameterServer:
                             op: str) -> None:
         """Best effort: tell ``worker`` why it is refused; never masks the real error."""
         try:
-            self._transfer(self._error_ops(worker, seq, status, detail), op,
+            self._transfer(worker, self._error_ops(worker, seq, status, detail), op,
                            timeout=min(resolve_timeout(self.timeout), 5.0))
         except CommError:
             pass
@@ -247,8 +265,24 @@ class ParameterServer:
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         inbox = p2p.Inbox(self.workers, numel=HEADER_LEN, dtype=torch.int64, view=self._view,
                           op="ps/serve", tag=TAG_REQUEST)
+        heard = joins_asked = time.monotonic()  # the last request's arrival; the last `joins`
+
+        def rejoin(worker: int, view: GroupView) -> None:
+            """`worker`'s new process linked: serve it on `view` from now, afresh."""
+            self._links[worker] = (view, view.global_ranks.index(worker))
+            inbox.relink(worker, view, self._links[worker][1])
+            open_workers.add(worker)
+            closed_at.pop(worker, None)
+            next_seq[worker] = 0
+            self.stats.rejoined.append(worker)
+
         try:
             while open_workers:
+                if self.joins is not None and not said_bye and \
+                        time.monotonic() - joins_asked >= self.JOIN_POLL_S:
+                    joins_asked = time.monotonic()
+                    for worker, view in self.joins(sorted(set(self.stats.lost) - open_workers)):
+                        rejoin(worker, view)
                 for worker in sorted(open_workers - inbox.asked):  # each open one's next header
                     inbox.ask(worker)
                 if said_bye and self.known_lost is not None:  # none of them will say goodbye
@@ -260,9 +294,14 @@ class ParameterServer:
                 lingering = self.linger is not None and said_bye
                 if lingering:
                     timeout = min(timeout, self.linger)
-                try:
-                    src, raw = inbox.get(timeout)
+                try:  # (waking for `joins` in between)
+                    src, raw = inbox.get(timeout if self.joins is None else
+                                         max(0.0, min(timeout - (time.monotonic() - heard),
+                                                      self.JOIN_POLL_S)))
+                    heard = time.monotonic()
                 except CommTimeoutError as exc:
+                    if time.monotonic() - heard < timeout:
+                        continue
                     if lingering:  # the others have finished: the silent ones are gone
                         for worker in sorted(open_workers):
                             lose(worker)
@@ -271,6 +310,7 @@ class ParameterServer:
                         f"ps/serve: no request within {timeout:g} s from any of the workers still "
                         f"open {sorted(open_workers)}", op="ps/serve", seconds=timeout) from exc
                 except CommError as exc:  # its connection closed, idle or mid-header: it died
+                    heard = time.monotonic()
                     lose(exc.peer)
                     continue
                 seq = int(raw[Field.SEQ])
@@ -332,7 +372,7 @@ class ParameterServer:
             return
         bufs, _ = receive_buffers(header)
         try:
-            self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], "ps/serve",
+            self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], "ps/serve",
                            timeout=min(resolve_timeout(self.timeout), 5.0))
         except CommError:
             pass
@@ -362,7 +402,7 @@ class ParameterServer:
         self.stats.bytes_recv += HEADER_BYTES
         bufs, payload = receive_buffers(header)
         # (More bytes than announced cannot be refused here: gloo aborts the process.)
-        self._transfer([(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
+        self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
         values = payload.values if isinstance(payload, SparseMessage) else payload
         if values is not None and not bool(torch.isfinite(values).all()):
             # receive_buffers fills with NaN: a payload shorter than announced shows here too
@@ -421,7 +461,7 @@ class ParameterServer:
     def _send(self, worker: int, ops: list[tuple], op: str, lose) -> None:
         """Send `ops` to `worker`; if its connection fails, it died: ``lose(worker)``."""
         try:
-            self._transfer(ops, op)
+            self._transfer(worker, ops, op)
         except CommError:
             lose(worker)
 
@@ -457,26 +497,35 @@ class PSClient:
             raise ValueError(f"server_rank {server_rank} is this process's own rank")
         self.server_rank = server_rank
         self.rank = self._view.rank
+        self._server = server_rank  # the server's rank in `_view`
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.closed = False
         self._seq = 0
         self._round = 0
         self._lock = threading.Lock()
 
+    def use_link(self, view: GroupView) -> None:
+        """Talk to the server over `view` from now on, its requests numbered afresh: a
+        group of this worker and the server alone (a lost worker's new process,
+        ``runtime/server_link.py``)."""
+        with self._lock:
+            self._view, self._server = view, view.global_ranks.index(self.server_rank)
+            self._seq = 0
+
     def _request(self, op: Op, payload: Payload, *, name: str, timeout, round: int = 0,
                  rate: float | None = None) -> Payload:
         if self.closed:
             raise RuntimeError(f"PSClient to rank {self.server_rank} is closed")
         t = resolve_timeout(timeout if timeout is not None else self.timeout)
-        server = self.server_rank
+        server, peer = self.server_rank, self._server
         header = Header(op=op, sender=self.rank, seq=self._seq, round=round, rate=rate,
                         **describe(payload))
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         deadline = time.monotonic() + t
-        answer = p2p.post(RECV, raw, server, view=self._view, op=name, timeout=t, tag=TAG_REPLY)
-        sends = [p2p.post(SEND, header.encode(), server, view=self._view, op=name, timeout=t,
+        answer = p2p.post(RECV, raw, peer, view=self._view, op=name, timeout=t, tag=TAG_REPLY)
+        sends = [p2p.post(SEND, header.encode(), peer, view=self._view, op=name, timeout=t,
                           tag=TAG_REQUEST)]
-        sends += [p2p.post(SEND, x, server, view=self._view, op=name, timeout=t,
+        sends += [p2p.post(SEND, x, peer, view=self._view, op=name, timeout=t,
                            tag=TAG_REQUEST_PAYLOAD) for x in payload_tensors(payload)]
         answer.wait(deadline)
         sends[0].wait(deadline)
@@ -496,7 +545,7 @@ class PSClient:
                             f"{header.seq} from rank {self.rank}: {_explain(reply)}",
                             op=name, peer=server)
         bufs, result = receive_buffers(reply)
-        p2p.transfer([(RECV, b, server, TAG_REPLY_PAYLOAD) for b in bufs], view=self._view,
+        p2p.transfer([(RECV, b, peer, TAG_REPLY_PAYLOAD) for b in bufs], view=self._view,
                      op=name, timeout=t)
         return result
 

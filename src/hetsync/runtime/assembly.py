@@ -106,8 +106,9 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
     ESync and SelSync over `--collective ps`). A worker that died never says goodbye: once
     the others have, it is given up after `linger` (the asynchronous modes go on without
-    it), or at once where the launcher has marked it dead in the store. `gone`: see
-    `ParameterServer`."""
+    it), or at once where the launcher has marked it dead in the store; in an asynchronous
+    mode its new process may link to the server and be served again
+    (`runtime/server_link.py`). `gone`: see `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -118,22 +119,25 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params),
                               len(worker_ranks)) if spec.server_rule is not None else None)
     stats_numel = sum(t.numel() for t in bn_statistics(model))
-    lost = None
+    lost = joins = None
     if dist.is_initialized() and dist.get_world_size() > 1:  # (launch marks the dead there)
         from hetsync.runtime.membership import known_lost
+        from hetsync.runtime.server_link import Joins
 
         store = dist.distributed_c10d._get_default_store()
         lost = functools.partial(known_lost, store, worker_ranks)
+        if spec.asynchronous:  # (a sum cannot take a worker back: its rounds are common)
+            joins = Joins(store, dist.get_rank())
     return ParameterServer(worker_ranks, rule, timeout=timeout,
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
-                           linger=min(timeout, 30.0), known_lost=lost, gone=gone)
+                           linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=joins)
 
 
 def serve_and_record(server, run_dir: Path | None):
     """Serve until every worker has finished; say on stderr whom the server refused or
-    lost, and write its traffic, refusals and losses as `ps.jsonl` into `run_dir` (if
-    any). Returns the server's stats."""
+    lost (and served again), and write its traffic, refusals, losses and rejoins as
+    `ps.jsonl` into `run_dir` (if any). Returns the server's stats."""
     from hetsync.comm import meter
     from hetsync.telemetry.recorder import JsonlWriter
 
@@ -144,10 +148,12 @@ def serve_and_record(server, run_dir: Path | None):
         print(f"parameter server: {refusal['error']}; rank {refusal['rank']} is served no "
               f"more", file=sys.stderr, flush=True)
     if stats.lost:
-        print(f"parameter server: rank(s) {stats.lost} never said goodbye (lost)",
-              file=sys.stderr, flush=True)
+        again = f"; served again: {stats.rejoined}" if stats.rejoined else ""
+        print(f"parameter server: lost rank(s) {stats.lost}{again}", file=sys.stderr,
+              flush=True)
     if run_dir is not None:
         with JsonlWriter(Path(run_dir) / "ps.jsonl") as out:
             out.write({"t": time.perf_counter() - start, "bytes_sent": sent,
-                       "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost})
+                       "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost,
+                       "rejoined": stats.rejoined})
     return stats

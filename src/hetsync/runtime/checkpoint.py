@@ -126,6 +126,11 @@ def indices(run_dir: Path) -> list[int]:
                   reverse=True)
 
 
+def newest(run_dir: Path, rank: int) -> int:
+    """The highest index of `rank`'s files in `run_dir` (0: none)."""
+    return max((i for i in indices(run_dir) if file_of(run_dir, i, rank).exists()), default=0)
+
+
 def survey(run_dir: Path, rank: int, stream=None) -> dict[int, list[int]]:
     """The checkpoints whose file of `rank` loads, newest first, each with the ranks the run
     had lost when it was written; each file that does not load is reported."""

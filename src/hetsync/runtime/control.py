@@ -82,13 +82,17 @@ class StoreControl:
     def rejoin(self, samples_seen: int) -> None:
         """After a regroup: nothing to do, the store's count is the cluster's already."""
 
+    def stopped(self) -> bool:
+        """Whether the stop is agreed already (one store query)."""
+        return int(self.store.add(self.STOP, 0)) > 0
+
     def exchange(self, proposal: Proposal) -> Agreement:
         seen = int(self.store.add(self.SAMPLES, proposal.samples))
         if proposal.stop:
             self.store.add(self.STOP, 1)
             stop = True
         else:
-            stop = int(self.store.add(self.STOP, 0)) > 0
+            stop = self.stopped()
         # The leader evaluates alone (only it proposes to): the others keep training (no
         # round to pause at).
         return Agreement(seen, proposal.evaluate, stop)

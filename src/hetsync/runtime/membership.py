@@ -101,14 +101,6 @@ def known_lost(store: dist.Store, ranks) -> list[int]:
         return []
 
 
-def all_lost(store: dist.Store, ranks) -> bool:
-    """Whether every rank of `ranks` is marked dead in `store` (one query)."""
-    try:
-        return shared(store).check([f"{LOST}/{r}" for r in ranks])
-    except Exception:  # noqa: BLE001 - a store out of reach marks nobody
-        return False
-
-
 class Membership:
     """The workers of a run that can go on without some of them, and their regroups."""
 

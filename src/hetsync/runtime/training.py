@@ -23,11 +23,12 @@ Steps 3-6 fail with a CommError when a peer is lost; where the run can go on wit
 (`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
 ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
-over its files (in the asynchronous modes, once `launch` has marked every lower rank dead:
+over its files (in the asynchronous modes, once `launch` has marked the leader dead:
 `_follow_lead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost rank's new
 process (`hetsync worker --join`) enters at a round's end: the leader offers it a place, the
 round's agreement admits it, and it takes the leader's global state, counts and clock
-(`_admit`).
+(`_admit`). In the asynchronous modes it links to the parameter server instead and takes
+the server's model (`_enter_server`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers,
@@ -134,22 +135,42 @@ class TrainingLoop:
         return self.rank == (self.membership.leader if self.membership is not None
                              else self._leader)
 
+    #: the asynchronous modes' leader, once another than rank 0 has taken the lead
+    LEAD = "hetsync/lead"
+
+    def _lead(self) -> tuple[int, bool]:
+        """The asynchronous modes' leader, and whether the store names it (else rank 0)."""
+        if self.store.check([self.LEAD]):
+            return int(self.store.get(self.LEAD)), True
+        return 0, False
+
     def _follow_lead(self) -> None:
         """An asynchronous mode (no regroup: each worker talks to the parameter server
-        alone): once `launch` has marked every lower rank dead in the store, this worker
-        leads — evaluates, proposes the stop, writes the global model. Asked at most twice
-        a second (one store query)."""
+        alone): once `launch` has marked the leader dead in the store, the lowest worker
+        not marked dead leads — evaluates, proposes the stop, writes the global model. It
+        takes the lead by a compare-and-set, so one does however many saw the loss (a lost
+        rank's new process, `_enter_server`, counts as alive again). Asked at most twice a
+        second (three store queries)."""
         now = time.monotonic()
         if self.leads or self.store is None or now < self._next_lead_check:
             return
         self._next_lead_check = now + 0.5
-        from hetsync.runtime.membership import all_lost
+        from hetsync.runtime.membership import known_lost
 
-        if all_lost(self.store, range(self.rank)):
-            self._leader = self.rank
+        leader, named = self._lead()
+        self._leader = leader
+        if not known_lost(self.store, [leader]):
+            return
+        ranks = range(self.mode.comm.workers)
+        alive = sorted(set(ranks) - set(known_lost(self.store, ranks)))
+        if alive[:1] != [self.rank]:
+            return
+        self._leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
+                                                  str(self.rank)))
+        if self.leads:
             self._take_lead()
-            print(f"hetsync worker: rank {self.rank}: leads from here (rank(s) "
-                  f"{', '.join(map(str, range(self.rank)))} lost)", file=sys.stderr, flush=True)
+            print(f"hetsync worker: rank {self.rank}: leads from here (rank {leader} lost)",
+                  file=sys.stderr, flush=True)
 
     def lost_workers(self) -> list[int]:
         """The workers the run went on without: the membership's, or in an asynchronous mode
@@ -361,8 +382,11 @@ class TrainingLoop:
         now = time.perf_counter()
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode,
-                 # written without these ranks' files: a resume restarts them (checkpoint.py)
-                 "lost": self.lost_workers(),
+                 # a resume restarts these from the leader's file (checkpoint.py): the ranks
+                 # lost, and those below an asynchronous mode's leader (lost, or joined
+                 # again since: the leader is the lowest of the others)
+                 "lost": sorted(set(self.lost_workers()) | set(range(
+                     self._leader if self.path is ControlPath.STORE else 0))),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
                  "data": {"epoch": self._position[0], "batch": self._position[1],
                           "drawn": [list(r) for r in unrecorded]},
@@ -507,6 +531,8 @@ class TrainingLoop:
         take the members' groups, the leader's global state, counts and clock. False if the
         run ended first."""
         asked = time.perf_counter()
+        if self.membership is None:
+            return self._enter_server(asked)
         if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
             return False
         self._share_with_joiners(st, joined=True)
@@ -514,6 +540,47 @@ class TrainingLoop:
               f"{time.perf_counter() - asked:.2f} s after asking (workers "
               f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
         return True
+
+    def _enter_server(self, asked: float) -> bool:
+        """An asynchronous mode's joiner: once the lead is another worker's (its old process
+        may have led), a link of its own to the parameter server (`runtime/server_link.py`),
+        then the server's model (the mode's `setup`: a pull). It goes on with its own round
+        count and draws (`go_on_from`) on the run's clock. False if the run stopped first."""
+        from hetsync.runtime import server_link
+
+        deadline = time.monotonic() + 2 * self.cfg.timeout
+        while (lead := self._lead()[0]) == self.rank:
+            if time.monotonic() > deadline:
+                raise CommError(f"join: rank {self.rank} led before it was lost, and no other "
+                                f"worker took the lead within {2 * self.cfg.timeout:g} s",
+                                op="join")
+            time.sleep(0.1)
+        self._leader = lead
+        client = self.mode.comm.ps_client
+        link = server_link.ask(self.store, self.rank, client.server_rank,
+                               wait=2 * self.cfg.timeout, stopped=self.control.stopped)
+        if link is None:
+            return False
+        client.use_link(link)
+        self.mode.setup()
+        print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
+              f"{time.perf_counter() - asked:.2f} s after asking (on a link of its own to the "
+              f"parameter server, rank {client.server_rank})", file=sys.stderr, flush=True)
+        return True
+
+    def go_on_from(self, records: list[dict]) -> None:
+        """A joining rank's own records (its work until its loss, in the global model): it
+        draws on where they end and, in an asynchronous mode (each worker counts its own
+        rounds), counts on from the last (a regrouping mode's admission gives the leader's
+        count instead)."""
+        from hetsync.telemetry import ledger
+
+        reached = ledger.reached(records)
+        if reached is not None:
+            self.start_at(reached["epoch"], reached["batch"])
+        if records and self.path is ControlPath.STORE:
+            self._last_recorded = int(records[-1]["round"])
+            self.mode.round = self._last_recorded + 1
 
     def _share_with_joiners(self, st: LoopState, joined: bool) -> None:
         """Every member and joiner alike: the new groups, then the leader's global state

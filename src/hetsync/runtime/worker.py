@@ -26,7 +26,6 @@ from hetsync.runtime.assembly import assemble, device_label, parameter_server, s
 from hetsync.runtime.emulation import nominal_speed
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
-from hetsync.telemetry import ledger
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
 from hetsync.telemetry.runlog import read_jsonl
 
@@ -200,14 +199,15 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                 grace=cfg.regroup_grace)
         if not join:  # (a joiner's channel comes with its admission)
             mode.comm.channel.alarm = membership.alarm
-    checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else 0)
-                    if cfg.checkpoint_every > 0 else None)
+    # (a joiner numbers on after its lost process's: the asynchronous modes' ranks number
+    # apart; a regrouping mode's admission gives the leader's count)
+    checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else (
+        checkpoint.newest(run_dir, rank) if join else 0)) if cfg.checkpoint_every > 0 else None)
     if own is not None and rank == 0:
         evaluation.drop_after(run_dir, own["loop"]["train_time"])
     records = run_dir / f"worker-{rank}.jsonl"
     if join:
         checkpoint.cut_jsonl(records, lambda r: True)  # (a line cut short by its death)
-        reached = ledger.reached(read_jsonl(records)) if records.is_file() else None
     poster = loop = None
     try:
         with JsonlWriter(records) as recorder:
@@ -218,14 +218,15 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                 joining=join)
             if own is not None:
                 loop.restore(own)
-            elif join:  # on where its recorded draws end (their work is in the global model)
-                if reached is not None:
-                    loop.start_at(reached["epoch"], reached["batch"])
+            elif join:  # on where its records end (their work is in the global model)
+                loop.go_on_from(read_jsonl(records) if records.is_file() else [])
             else:
                 loop.evaluate_initial(0.0)
             if world > 1 and not join:  # the workers start their clocks together
                 dist.barrier(group=group)
             t0 = time.perf_counter()
+            if join and start_time is not None:  # on the run's clock (a regrouping mode's
+                t0 -= time.time() - start_time   # admission gives the leader's)
             # a resumed run keeps its start: its records' times go on from the checkpoint's
             if start_time is None:
                 start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)

@@ -208,7 +208,9 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "collective": config.get("collective"),
         "complete": run.get("end_time") is not None,
         "lost_workers": run.get("lost_workers", []),
-        "joined_workers": run.get("joined_workers", []),
+        # (an asynchronous mode's: those its parameter server served again)
+        "joined_workers": run.get("joined_workers") or (log.ps[-1].get("rejoined", [])
+                                                        if log.ps else []),
         "wall_s": wall,
         "rounds": max(rounds, default=0),
         "samples": samples,
