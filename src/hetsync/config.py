@@ -258,7 +258,7 @@ class Config:
         mode is asynchronous and its parameter server takes it back
         (`runtime/server_link.py`)."""
         if self.needs_ps and self.spec.asynchronous:
-            return True
+            return self.workers > 1
         return self.regroups and self.spec.worker.admits_a_worker(self.mode_options())
 
     @property

@@ -235,7 +235,7 @@ class Inbox:
 
     def __init__(self, peers: Sequence[int], *, numel: int, dtype: torch.dtype,
                  view: GroupView, op: str, tag: int):
-        self._view, self._op, self._tag = view, op, tag
+        self._op, self._tag = op, tag
         self._numel, self._dtype = numel, dtype
         self._arrived: queue.SimpleQueue = queue.SimpleQueue()
         #: peer -> (view, its rank there, its receives' queue): the link its messages come on

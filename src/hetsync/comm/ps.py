@@ -135,7 +135,8 @@ class ParameterServer:
         joins: ``joins(lost)`` → ``[(worker, view)]``: the lost workers whose new process
             asked to be served again, each with the group of it and the server to serve it
             on from now (``runtime/server_link.py``); asked every :data:`JOIN_POLL_S` s at
-            most, until a worker has said goodbye.
+            most, until a worker has said goodbye (the server waits for one up to the
+            timeout once all are lost).
 
     The loop, one request at a time:
 
@@ -230,7 +231,8 @@ class ParameterServer:
 
     # -- loop ----------------------------------------------------------------------------
     def serve(self) -> ServerStats:
-        """Serve until every worker has sent BYE; return :attr:`stats`."""
+        """Serve until every worker has sent BYE or is lost (with ``joins``, and none said
+        goodbye: once none has come back within the timeout); return :attr:`stats`."""
         self._view = GroupView.of(None)
         me = self._view.rank
         if me in self.workers:
@@ -276,8 +278,13 @@ class ParameterServer:
             next_seq[worker] = 0
             self.stats.rejoined.append(worker)
 
+        def awaiting() -> bool:
+            """Every worker lost, none said goodbye: one may yet come back (`joins`)."""
+            return (self.joins is not None and not said_bye
+                    and time.monotonic() - heard < resolve_timeout(self.timeout))
+
         try:
-            while open_workers:
+            while open_workers or awaiting():
                 if self.joins is not None and not said_bye and \
                         time.monotonic() - joins_asked >= self.JOIN_POLL_S:
                     joins_asked = time.monotonic()

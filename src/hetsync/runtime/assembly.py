@@ -100,15 +100,16 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
 
 def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
-                     worker_ranks: list[int], timeout: float, gone=None):
+                     worker_ranks: list[int], timeout: float, gone=None,
+                     joins: bool = False):
     """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
     `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
     ESync and SelSync over `--collective ps`). A worker that died never says goodbye: once
     the others have, it is given up after `linger` (the asynchronous modes go on without
-    it), or at once where the launcher has marked it dead in the store; in an asynchronous
-    mode its new process may link to the server and be served again
-    (`runtime/server_link.py`). `gone`: see `ParameterServer`."""
+    it), or at once where the launcher has marked it dead in the store. `joins`: in an
+    asynchronous mode, its new process may link to the server and be served again
+    (`runtime/server_link.py`; `hetsync worker --join`). `gone`: see `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -119,19 +120,19 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     rule = (build_server_rule(spec.name, weights, lr, options, Layout.of(params),
                               len(worker_ranks)) if spec.server_rule is not None else None)
     stats_numel = sum(t.numel() for t in bn_statistics(model))
-    lost = joins = None
+    lost = linked = None
     if dist.is_initialized() and dist.get_world_size() > 1:  # (launch marks the dead there)
         from hetsync.runtime.membership import known_lost
         from hetsync.runtime.server_link import Joins
 
         store = dist.distributed_c10d._get_default_store()
         lost = functools.partial(known_lost, store, worker_ranks)
-        if spec.asynchronous:  # (a sum cannot take a worker back: its rounds are common)
-            joins = Joins(store, dist.get_rank())
+        if joins and spec.asynchronous:  # (a sum cannot take a worker back: common rounds)
+            linked = Joins(store, dist.get_rank())
     return ParameterServer(worker_ranks, rule, timeout=timeout,
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
-                           linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=joins)
+                           linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=linked)
 
 
 def serve_and_record(server, run_dir: Path | None):

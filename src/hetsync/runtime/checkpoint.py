@@ -131,16 +131,19 @@ def newest(run_dir: Path, rank: int) -> int:
     return max((i for i in indices(run_dir) if file_of(run_dir, i, rank).exists()), default=0)
 
 
-def survey(run_dir: Path, rank: int, stream=None) -> dict[int, list[int]]:
+def survey(run_dir: Path, rank: int, stream=None) -> dict[int, dict[str, Any]]:
     """The checkpoints whose file of `rank` loads, newest first, each with the ranks the run
-    had lost when it was written; each file that does not load is reported."""
+    had lost when it was written (``lost``) and whether it holds the global model (``global``:
+    `rank` led); each file that does not load is reported."""
     ok = {}
     for index in indices(run_dir):
         path = file_of(run_dir, index, rank)
         if not path.exists():
             continue
         try:
-            ok[index] = [int(r) for r in load(path).get("lost", [])]
+            state = load(path)
+            ok[index] = {"lost": [int(r) for r in state.get("lost", [])],
+                         "global": "global" in state}
         except CheckpointError as err:
             print(f"rank {rank}: skipping checkpoint {index}: {err}",
                   file=stream or sys.stderr, flush=True)
@@ -158,7 +161,8 @@ def leader(lost: set[int] | list[int], workers: int) -> int | None:
 
 
 def reference(per_rank: list[list[int]], collective: bool,
-              lost: dict[int, set[int]] | None = None) -> int | None:
+              lost: dict[int, set[int]] | None = None,
+              holders: dict[int, set[int]] | None = None) -> int | None:
     """The checkpoint whose global model every process resumes from: the newest that its
     leader (`leader`) can load — in a collective mode, the newest that every worker not
     lost when it was written (`lost`: index -> ranks) can load. None: there is none."""
@@ -168,6 +172,8 @@ def reference(per_rank: list[list[int]], collective: bool,
         first = leader(gone, workers)
         if first is None or index not in per_rank[first]:
             continue
+        if holders is not None and first not in holders.get(index, ()):
+            continue  # (an asynchronous rank's file of that number, written when it did not lead)
         if not collective or all(index in mine or r in gone
                                  for r, mine in enumerate(per_rank)):
             return index
@@ -175,23 +181,35 @@ def reference(per_rank: list[list[int]], collective: bool,
 
 
 def choose(per_rank: list[list[int]], rank: int, collective: bool,
-           lost: dict[int, set[int]] | None = None) -> int | None:
+           lost: dict[int, set[int]] | None = None,
+           holders: dict[int, set[int]] | None = None) -> int | None:
     """The checkpoint `rank` resumes from: the `reference` in a collective mode (the workers
     must agree on the round) and for a rank lost before it (restarted from it), else its own
     newest. None: there is none."""
-    ref = reference(per_rank, collective, lost)
+    ref = reference(per_rank, collective, lost, holders)
     if ref is None or collective or rank in (lost or {}).get(ref, ()):
         return ref
     return per_rank[rank][0] if per_rank[rank] else None
 
 
-def lost_at(surveys: list[dict[int, list[int]]]) -> dict[int, set[int]]:
+def lost_at(surveys: list[dict[int, dict]]) -> dict[int, set[int]]:
     """Index -> the ranks lost when it was written, from every worker's `survey`."""
     lost: dict[int, set[int]] = {}
     for mine in surveys:
-        for index, ranks in mine.items():
-            lost.setdefault(int(index), set()).update(ranks)
+        for index, entry in mine.items():
+            lost.setdefault(int(index), set()).update(entry["lost"])
     return lost
+
+
+def holders_at(surveys: list[dict[int, dict]]) -> dict[int, set[int]]:
+    """Index -> the ranks whose file of it holds the global model (its leader's, where its
+    `reference` may start from), from every worker's `survey`, in rank order."""
+    holders: dict[int, set[int]] = {}
+    for rank, mine in enumerate(surveys):
+        for index, entry in mine.items():
+            if entry["global"]:
+                holders.setdefault(int(index), set()).add(rank)
+    return holders
 
 
 def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
@@ -199,8 +217,9 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
     would pick them), so that suggesting it is not suggesting what would fail."""
     quiet = io.StringIO()  # (the resume itself reports what it skips)
     surveys = [survey(run_dir, r, stream=quiet) for r in range(workers)]
-    per_rank, lost = [list(s) for s in surveys], lost_at(surveys)
-    return all(choose(per_rank, r, collective, lost) is not None for r in range(workers))
+    per_rank, lost, holders = [list(s) for s in surveys], lost_at(surveys), holders_at(surveys)
+    return all(choose(per_rank, r, collective, lost, holders) is not None
+               for r in range(workers))
 
 
 def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,

@@ -82,6 +82,10 @@ class StoreControl:
     def rejoin(self, samples_seen: int) -> None:
         """After a regroup: nothing to do, the store's count is the cluster's already."""
 
+    def seen(self) -> int:
+        """The cluster's count of samples so far (one store query)."""
+        return int(self.store.add(self.SAMPLES, 0))
+
     def stopped(self) -> bool:
         """Whether the stop is agreed already (one store query)."""
         return int(self.store.add(self.STOP, 0)) > 0

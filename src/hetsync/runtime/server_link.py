@@ -7,19 +7,21 @@ another). So the new process (`hetsync worker --join`, which `launch` starts in 
 lost worker) and the server make a group of their two ranks alone, through the run's
 key-value store (which outlives every worker: `launch` hosts it, torchrun its agent):
 
-1. the new process asks (`ask`): it sets ``hetsync/join/RANK`` to an id of its own (the key
-   of a membership join, which `launch` withdraws when the process dies);
-2. the server, between requests (`ParameterServer`'s `joins`, every `POLL_S` at most), reads
-   that key for each worker it has lost (`Joins`); for an id it has not linked, it answers
-   ``hetsync/join/RANK/ID`` and makes its end of the group under that id;
-3. the new process, seeing the answer, makes its end; both must within `MAKING_S`. It then
-   withdraws `launch`'s mark of the dead process (``hetsync/lost/RANK``: the others count it
-   alive again) and the server serves it on the link, its requests numbered afresh.
+1. the new process asks (`ask`): it sets ``hetsync/ps-join/RANK`` to an id of its own;
+2. the server, between requests (`ParameterServer`'s `joins`, every
+   `ParameterServer.JOIN_POLL_S` at most), reads that key for each worker it has lost
+   (`Joins`); for an id it has not seen, it answers ``hetsync/ps-join/RANK/ID`` and makes
+   its end of the group under that id;
+3. the new process, seeing the answer, makes its end; both must within `MAKING_S` (one
+   attempt per id: a process that missed it fails, and its successor asks with an id of its
+   own). It then withdraws `launch`'s mark of the dead process (``hetsync/lost/RANK``: the
+   others count it alive again) and the server serves it on the link, its requests numbered
+   afresh.
 
 The worker then takes the server's model (its mode's `setup`: a pull) and goes on where its
 own records end (`TrainingLoop._enter_server`). Nothing else of the run changes: the
-server's rule and the other workers never see the join. If the run stops first, or the
-server gives no answer within the wait, the new process leaves without training.
+server's rule and the other workers never see the join. If the run stops first, the new
+process leaves without training; if the server gives no answer within the wait, it fails.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ import torch.distributed as dist
 
 from hetsync.comm.errors import CommError
 from hetsync.comm.topology import GroupView
-from hetsync.runtime.membership import JOIN, LOST, shared
+from hetsync.runtime.membership import LOST, shared
 
-#: how often the server reads the lost workers' keys (at most; between requests)
-POLL_S = 0.5
+#: a lost rank's new process asks here (nobody withdraws it: the server tries each id once)
+ASK = "hetsync/ps-join"
 #: how long making a link's group waits for its other end (both make it at once)
 MAKING_S = 5.0
 
@@ -44,7 +46,7 @@ MAKING_S = 5.0
 def _make(store: dist.Store, worker: int, server: int, ident: str, me: int) -> GroupView:
     """The two-rank group of `worker` (group rank 0) and `server` (1) under `ident`; `me`:
     this process's group rank."""
-    pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{JOIN}/{worker}/{ident}/group", store), me,
+    pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{ASK}/{worker}/{ident}/group", store), me,
                                2, datetime.timedelta(seconds=MAKING_S))
     return GroupView(pg, me, 2, (worker, server))
 
@@ -56,14 +58,13 @@ def ask(store: dist.Store, rank: int, server: int, *, wait: float,
     gives no answer within `wait` seconds."""
     store = shared(store)
     ident = secrets.token_hex(8)
-    answer = f"{JOIN}/{rank}/{ident}"
-    store.set(f"{JOIN}/{rank}", ident)
+    answer = f"{ASK}/{rank}/{ident}"
+    store.set(f"{ASK}/{rank}", ident)
     deadline = time.monotonic() + wait
     while not store.check([answer]):
         if stopped():
             return None
         if time.monotonic() > deadline:
-            store.delete_key(f"{JOIN}/{rank}")
             raise CommError(f"join: the parameter server (rank {server}) did not answer rank "
                             f"{rank}'s request within {wait:g} s", op="join", peer=server)
         time.sleep(0.05)
@@ -82,21 +83,20 @@ class Joins:
 
     def __init__(self, store: dist.Store, server: int):
         self.store, self.server = shared(store), server
-        self._linked: dict[int, str] = {}  # worker -> the id of its last link
+        self._seen: dict[int, str] = {}  # worker -> the last id it asked with
 
     def __call__(self, lost: Iterable[int]) -> list[tuple[int, GroupView]]:
         links = []
         for worker in lost:
-            key = f"{JOIN}/{worker}"
-            if not self.store.check([key]):
-                continue
-            ident = self.store.get(key).decode()
-            if self._linked.get(worker) == ident:
-                continue
-            self._linked[worker] = ident
-            self.store.set(f"{key}/{ident}", "1")
             try:
+                if not self.store.check([f"{ASK}/{worker}"]):
+                    continue
+                ident = self.store.get(f"{ASK}/{worker}").decode()
+                if self._seen.get(worker) == ident:
+                    continue
+                self._seen[worker] = ident
+                self.store.set(f"{ASK}/{worker}/{ident}", "1")
                 links.append((worker, _make(self.store, worker, self.server, ident, me=1)))
-            except RuntimeError:  # it died since it asked: it may ask again
+            except RuntimeError:  # the store out of reach, or the asker gone since: not now
                 continue
         return links

@@ -125,7 +125,8 @@ class TrainingLoop:
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
         self.store = store
-        self._leader, self._next_lead_check = 0, 0.0  # (asynchronous modes: `_follow_lead`)
+        # (asynchronous modes: `_follow_lead`; a joiner's, once it has entered)
+        self._leader, self._next_lead_check = (-1 if joining else 0), 0.0
         self._take_lead()
 
     @property
@@ -150,7 +151,7 @@ class TrainingLoop:
         not marked dead leads — evaluates, proposes the stop, writes the global model. It
         takes the lead by a compare-and-set, so one does however many saw the loss (a lost
         rank's new process, `_enter_server`, counts as alive again). Asked at most twice a
-        second (three store queries)."""
+        second (three store queries while the leader lives)."""
         now = time.monotonic()
         if self.leads or self.store is None or now < self._next_lead_check:
             return
@@ -532,7 +533,7 @@ class TrainingLoop:
         run ended first."""
         asked = time.perf_counter()
         if self.membership is None:
-            return self._enter_server(asked)
+            return self._enter_server(st, asked)
         if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
             return False
         self._share_with_joiners(st, joined=True)
@@ -541,28 +542,33 @@ class TrainingLoop:
               f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
         return True
 
-    def _enter_server(self, asked: float) -> bool:
-        """An asynchronous mode's joiner: once the lead is another worker's (its old process
-        may have led), a link of its own to the parameter server (`runtime/server_link.py`),
-        then the server's model (the mode's `setup`: a pull). It goes on with its own round
-        count and draws (`go_on_from`) on the run's clock. False if the run stopped first."""
+    def _enter_server(self, st: LoopState, asked: float) -> bool:
+        """An asynchronous mode's joiner: a link of its own to the parameter server
+        (`runtime/server_link.py`), then the server's model (the mode's `setup`: a pull). It
+        goes on with its own round count and draws (`go_on_from`), on the run's clock and
+        sample count. Where the store still names its rank the leader (its old process led,
+        and nobody has taken over), it leads on, unless another worker takes the lead first
+        (the same compare-and-set). False if the run stopped first."""
         from hetsync.runtime import server_link
 
-        deadline = time.monotonic() + 2 * self.cfg.timeout
-        while (lead := self._lead()[0]) == self.rank:
-            if time.monotonic() > deadline:
-                raise CommError(f"join: rank {self.rank} led before it was lost, and no other "
-                                f"worker took the lead within {2 * self.cfg.timeout:g} s",
-                                op="join")
-            time.sleep(0.1)
-        self._leader = lead
         client = self.mode.comm.ps_client
         link = server_link.ask(self.store, self.rank, client.server_rank,
                                wait=2 * self.cfg.timeout, stopped=self.control.stopped)
         if link is None:
             return False
         client.use_link(link)
+        leader, named = self._lead()
+        if leader == self.rank:
+            leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
+                                                str(self.rank)))
+        self._leader = leader
+        if self.leads:
+            self._take_lead()
+            print(f"hetsync worker: rank {self.rank}: leads on (no other worker took the lead "
+                  f"while it was lost)", file=sys.stderr, flush=True)
         self.mode.setup()
+        st.samples_seen = self.control.seen()
+        self._next_checkpoint = self._checkpoint_after(st.train_time(time.perf_counter()))
         print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
               f"{time.perf_counter() - asked:.2f} s after asking (on a link of its own to the "
               f"parameter server, rank {client.server_rank})", file=sys.stderr, flush=True)

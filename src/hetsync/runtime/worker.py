@@ -302,21 +302,23 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     worker can load (`checkpoint.reference`), and every rank takes rank 0's clock (the
     records' common time origin; a restarted rank 0 has the leader's)."""
     mine = {} if is_server else checkpoint.survey(run_dir, rank)
-    surveys = [{int(i): lost for i, lost in json.loads(t).items()}
+    surveys = [{int(i): entry for i, entry in json.loads(t).items()}
                for t in gather_texts(json.dumps(mine))][:cfg.workers]
     lists, lost = [list(s) for s in surveys], checkpoint.lost_at(surveys)
+    holders = checkpoint.holders_at(surveys)
     if resume == IF_ANY and not any(lists):
         if not is_server:
             _cut_logs(run_dir, rank, None)
         return None, None, 0
     collective = not cfg.spec.asynchronous
-    chosen = [checkpoint.choose(lists, r, collective, lost) for r in range(cfg.workers)]
+    chosen = [checkpoint.choose(lists, r, collective, lost, holders)
+              for r in range(cfg.workers)]
     if any(c is None for c in chosen):
         who = ("that every worker not lost by then can load" if collective else
                f"of rank {chosen.index(None)} that loads")
         raise checkpoint.CheckpointError(
             f"--resume {run_dir}: no checkpoint {who} in {Path(run_dir) / checkpoint.DIR}")
-    index = checkpoint.reference(lists, collective, lost)
+    index = checkpoint.reference(lists, collective, lost, holders)
     # written without these (eager-SGD's too, which has no common checkpoint but a common
     # round): they restart from its leader's file
     restarted = sorted(lost.get(index, ()))
@@ -375,7 +377,8 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
 def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:
     """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
     serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
-                                      list(range(cfg.workers)), cfg.timeout), run_dir)
+                                      list(range(cfg.workers)), cfg.timeout,
+                                      joins=cfg.admits_workers), run_dir)
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,
