@@ -3,7 +3,8 @@
 # on the GPU over gloo (three emulated workers sharing it), a one-worker
 # run over NCCL, gpt-char's step on the GPU, and esync-outer with four emulated workers
 # sharing the GPU over gloo. Uses the machine's own python3 with torch (PYTHON=...), the
-# package from src/ (no install), wheels in .whl/ if any (starlette, uvicorn, httptools),
+# package from src/ (no install), wheels in .whl/ if any (starlette, uvicorn, httptools and
+# their dependencies, for any Python: `pip download --only-binary=:all: --python-version V`),
 # and data in .gpudata/ if present (HETSYNC_DATA layout). Writes runs and logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +12,8 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT/runs"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  "$PY" -m pip install -q --no-index --find-links .whl --no-compile --no-cache-dir \
+      --target /tmp/site starlette uvicorn httptools && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ -d .gpudata ] && export HETSYNC_DATA="$PWD/.gpudata"
@@ -23,7 +24,7 @@ run() { echo "== $*"; "$PY" -m hetsync "$@"; echo "== exit $?"; }
 common=(-ld "$OUT/runs" --no-figures)
 
 echo "== tests/test_gpu.py"
-timeout 300 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py
+timeout 360 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py
 echo "== exit $?"
 
 # every mode on the GPU over gloo (three emulated workers sharing it), six at a time

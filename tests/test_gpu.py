@@ -1,17 +1,21 @@
 """The CUDA path (marked `gpu`; skipped, saying why, where there is no CUDA device): a worker
 on a GPU, two workers sharing one GPU over gloo (tensors staged through the CPU), a wrapped
-CUDA model, and NCCL across two GPUs."""
+CUDA model, an asynchronous worker on the GPU lost and joining again, and NCCL across two
+GPUs."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from hetsync.telemetry.summarize import summarize
 from distributed import run_ranks
+from processes import pid_of_rank
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
@@ -63,6 +67,30 @@ def _wrapped_cuda(rank, world):
 def test_a_wrapped_cuda_model_over_gloo_ends_as_one_model():
     a, b = run_ranks(_wrapped_cuda, 2, timeout=120, start="spawn")  # (no CUDA after fork)
     torch.testing.assert_close(a, b)
+
+
+def test_an_asynchronous_worker_on_the_gpu_is_lost_and_joins_again(tmp_path):
+    """async, 3 workers sharing gpu0: rank 1 killed with kill -9 joins again on a link of its
+    own to the parameter server (CUDA tensors staged through the CPU on both groups)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
+         "--slowdowns", "1,2,2", "-g", "0", "--timeout", "30", "--time-budget", "25",
+         "--eval-interval", "1", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+         "--no-live", "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "worker-1.jsonl").exists() or pid_of_rank(run, 1) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    time.sleep(3.0)
+    os.kill(pid_of_rank(run, 1), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert "joined the run at round" in (run / "logs" / "rank-1.log").read_text()
+    summary = summarize(run)
+    assert summary["joined_workers"] == [1] and summary["final_accuracy"] > 0.6, out
+    assert {w["device"] for w in summary["per_worker"]} == {"gpu0"}
 
 
 @pytest.mark.skipif(GPUS < 2, reason=f"NCCL needs a GPU per rank: {GPUS} here")
