@@ -479,7 +479,7 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
     info = json.loads((run / "run.json").read_text())
     assert sorted(info["joined_workers"]) == [0, 1] and "lost_workers" not in info, info
     # the state server's last run planned for all three, to the end
-    plan = json.loads((run / "state-server.json").read_text())
+    plan = json.loads((run / "service.json").read_text())
     assert plan["lost"] == [] and min(plan["last_round"].values()) >= _rounds(run, 2)[-1] - 2
     ends = [_rounds(run, rank)[-3:] for rank in range(3)]
     assert ends[0] == ends[1] == ends[2], ends

@@ -45,7 +45,7 @@ def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     if registry.get(mode).parameter_server:
         assert (run_dir / "ps.jsonl").exists()
     if mode == "esync":
-        assert json.loads((run_dir / "state-server.json").read_text())["requests"] > 0
+        assert json.loads((run_dir / "service.json").read_text())["requests"] > 0
 
 
 def _step_times(run_dir: Path, rank: int) -> float:
@@ -212,7 +212,7 @@ def test_a_state_server_killed_again_as_it_restarts_is_restarted_once_more(tmp_p
     cfg = Config(mode="esync", log_dir=str(tmp_path), time_budget=3.0, **SMALL)
     cluster = Cluster(cfg, tmp_path / "run")
     try:
-        port = cluster.start_state_server()
+        port = cluster.start_service()
         cluster.procs["state-server"].kill()
         spawn = cluster._spawn
 
@@ -223,10 +223,10 @@ def test_a_state_server_killed_again_as_it_restarts_is_restarted_once_more(tmp_p
 
         cluster._spawn = killed_at_once
         started = time.monotonic()
-        assert cluster.restart_state_server()   # died starting: not an error
+        assert cluster.restart_service()   # died starting: not an error
         assert time.monotonic() - started < 20.0  # (the start's own deadline is 30 s)
         cluster._spawn = spawn
-        assert cluster.restart_state_server() and cluster.state_restarts == 2
+        assert cluster.restart_service() and cluster.service_restarts == 2
         client = StateClient("127.0.0.1", port, timeout=5)
         client.wait_until_up(deadline_s=10)   # up again, on the workers' port
         client.close()
@@ -244,10 +244,10 @@ def test_launch_does_not_take_another_runs_state_server_for_its_own(tmp_path, mo
 
     other = StateServer(workers=2, port=0).start()
     monkeypatch.setattr(launcher, "_port_free", lambda host, port: True)  # (the race)
-    cluster = launcher.Cluster(Config(mode="esync", log_dir=str(tmp_path), state_port=other.port,
+    cluster = launcher.Cluster(Config(mode="esync", log_dir=str(tmp_path), service_port=other.port,
                                       **SMALL), tmp_path / "run")
     try:
-        port = cluster.start_state_server()
+        port = cluster.start_service()
         assert port != other.port
         client = StateClient("127.0.0.1", port, timeout=5)
         assert "instance" in client.wait_until_up(deadline_s=5)  # (launch's, not the other's)
@@ -256,9 +256,9 @@ def test_launch_does_not_take_another_runs_state_server_for_its_own(tmp_path, mo
         # the run saying so, rather than restart again and again
         cluster.procs["state-server"].kill()
         cluster.procs["state-server"].wait()
-        cluster.state_port = other.port
+        cluster.service_port = other.port
         with pytest.raises(launcher.PortTaken, match=f"port {other.port}"):
-            cluster.restart_state_server()
+            cluster.restart_service()
     finally:
         cluster.stop()
         other.stop()

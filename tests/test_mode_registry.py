@@ -1,8 +1,10 @@
 """A mode added from this file alone — one class and one registry entry — runs through
-`hetsync launch` (a plugin of every worker process) and through `hetsync.wrap`."""
+`hetsync launch` (a plugin of every worker process) and through `hetsync.wrap`; so does one
+that declares a service of its own (`RunService`), which launch starts and wrap serves."""
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 from distributed import run_ranks
 from tiny import batch, gathered_parameters, linear_net, user_loop
 from hetsync.algorithms import Action, Mode, ModeSpec, Step, register, registry
+from hetsync.services import RunService
 from hetsync.algorithms.base import flatten, unflatten_into
 from hetsync.cli import build_parser
 from hetsync.config import Config, ConfigError, config_from_args
@@ -60,11 +63,80 @@ register(ModeSpec(TOY, PeriodicAveraging, "average the models every K steps",
                   options=EveryKOptions))
 
 
+COUNTED = "toy-counted"
+
+
+def _tally_app(instance: str | None = None):
+    """A service that counts the averages the workers tell it of."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    ticks = []
+
+    async def tick(request):
+        ticks.append((await request.json())["rank"])
+        return JSONResponse({"ticks": len(ticks)})
+
+    return Starlette(routes=[
+        Route("/healthz", lambda r: JSONResponse({"instance": instance})),
+        Route("/tick", tick, methods=["POST"]),
+        Route("/status", lambda r: JSONResponse({"requests": len(ticks), "bytes_sent": 0,
+                                                 "bytes_recv": 0, "ranks": sorted(set(ticks))}))])
+
+
+def serve_tally(host: str, port: str, instance: str) -> None:
+    """The tally as its own process (`launch`)."""
+    from hetsync.serving import Service
+
+    Service(_tally_app(instance), host, int(port)).serve_forever()
+
+
+class TallyClient:
+    def __init__(self, host, port, timeout, token):
+        from hetsync.services import JsonClient
+
+        self.http = JsonClient(host, port, timeout, token, what="tally")
+        self.wait_until_up, self.post, self.close = (self.http.wait_until_up, self.http.post,
+                                                     self.http.close)
+
+    def traffic(self):
+        return self.http.get("/status")
+
+
+def _serve_in_thread(workers, host, token):
+    from hetsync.serving import Service
+
+    return Service(_tally_app(), host, 0).start()
+
+
+TALLY = RunService(
+    "tally", "tally", connect=TallyClient, serve=_serve_in_thread, restarts=1,
+    command=lambda host, port, workers, options, instance: [
+        sys.executable, "-c", "import sys, test_mode_registry as t; t.serve_tally(*sys.argv[1:])",
+        host, str(port), instance])
+
+
+class CountedAveraging(PeriodicAveraging):
+    """PeriodicAveraging that tells its service of every average."""
+
+    name = COUNTED
+
+    def apply(self, action: Action) -> None:
+        super().apply(action)
+        if action is Action.AVERAGE_MODELS:
+            self.comm.service.post("/tick", {"rank": self.comm.rank})
+
+
+register(ModeSpec(COUNTED, CountedAveraging, "average every K steps, counted by a service",
+                  options=EveryKOptions, service=TALLY))
+
+
 def test_the_toy_mode_is_registered_with_its_option_flag():
     assert TOY in registry.names()
     cfg = Config(mode=TOY, options={"period": 3})
     assert cfg.mode_options().period == 3 and not cfg.needs_ps
-    with pytest.raises(ConfigError, match="--toy-period: is an option of mode toy-every-k"):
+    with pytest.raises(ConfigError, match="--toy-period: is an option of modes? toy-every-k"):
         config_from_args(build_parser().parse_args(["launch", "--toy-period", "3"]),
                          Config(mode="sync"))
 
@@ -96,6 +168,47 @@ def test_the_toy_mode_runs_through_launch(tmp_path, monkeypatch):
                    (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
         assert all(r["local_steps"] == 3 for r in records)  # a round is K steps
         assert records[-1]["loss"] < 0.5 * records[0]["loss"]
+
+
+@pytest.mark.slow
+def test_a_mode_with_a_service_of_its_own_runs_through_launch(tmp_path, monkeypatch):
+    """launch starts the service the mode declares, hands its workers its port, and the
+    leader records its counts in service.json: no other file knows of it."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cfg = Config(mode=COUNTED, plugins=("test_mode_registry",), options={"period": 3},
+                 dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
+                 epochs=None, time_budget=3.0, eval_interval=1.0, timeout=30.0, lr=0.1,
+                 log_dir=str(tmp_path))
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    s = summarize(run_dir)
+    assert s["complete"] and s["mode"] == COUNTED
+    averages = sum(len((run_dir / f"worker-{r}.jsonl").read_text().splitlines())
+                   for r in (0, 1))
+    tally = json.loads((run_dir / "service.json").read_text())
+    assert tally["service"] == "tally" and tally["ranks"] == [0, 1]
+    assert s["service_requests"] == tally["requests"] >= averages - 2  # (the last, at the end)
+    assert (run_dir / "logs" / "tally.log").exists()
+
+
+def _wrapped_counted(rank, world):
+    import hetsync
+
+    model = linear_net()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=COUNTED,
+                       period=3)
+    user_loop(opt, model, *batch(rank, 32), steps=12)
+    told = opt.assembly.comm.service.traffic()
+    opt.finish()
+    return told
+
+
+@pytest.mark.slow
+def test_a_mode_with_a_service_of_its_own_runs_through_wrap():
+    """wrap serves the declared service on a thread of rank 0; every worker talks to it."""
+    for told in run_ranks(_wrapped_counted, 2):
+        assert told["ranks"] == [0, 1] and told["requests"] >= 2 * (12 // 3) - 2
 
 
 def _wrapped_toy(rank, world):

@@ -57,7 +57,7 @@ def _round_trip(rank, world, mode, module, state_port):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     options = spec.make_options()
     assembly = assemble(spec, options, model, opt, rank=0, workers=1, group=group,
-                        state_server=("127.0.0.1", state_port), ps_rank=1, timeout=30)
+                        service=("127.0.0.1", state_port), ps_rank=1, timeout=30)
     algo = assembly.mode
     g = torch.Generator().manual_seed(1)
     for i in range(5):
@@ -93,14 +93,14 @@ def _round_trip(rank, world, mode, module, state_port):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", registry.names())
 def test_every_mode_state_round_trips_exactly_through_torch_load(mode):
-    from hetsync.state import StateServer
-
-    server = StateServer(workers=1, port=0).start()
+    service = registry.get(mode).service  # (the mode's own, if it declares one)
+    server = service.serve(1, "127.0.0.1", None) if service is not None else None
     try:
         keys, _ = run_ranks(_round_trip, 2, mode, registry.get(mode).worker.__module__,
-                            server.port, timeout=120)
+                            server.port if server else 0, timeout=120)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     assert "round" in keys
     if mode == "esync":
         assert {"global_weights", "global_bn_stats"} <= set(keys)

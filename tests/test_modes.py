@@ -52,7 +52,7 @@ def _esync_each_collective(rank, world, state_port):
         opt = torch.optim.SGD(model.parameters(), lr=LR)
         algo = ESync(model, opt, CommContext(rank=rank, workers=workers, group=group,
                                              collective=collective, ps_client=ps,
-                                             state_client=client, channel=channel),
+                                             service=client, channel=channel),
                      ESyncOptions(global_lr=1.0, overlap=overlap))
         algo.setup()
         _step(model, opt, rank)
@@ -114,7 +114,7 @@ def _esync_scaffold(rank, world, state_port):
     model = SmallNet()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     algo = ESync(model, opt, CommContext(rank=rank, workers=world, group=group,
-                                         state_client=client, channel=channel),
+                                         service=client, channel=channel),
                  ESyncOptions(drift_correction="scaffold", overlap=False))
     algo.setup()
     out = []

@@ -36,7 +36,7 @@ def scaled_evals(factor: float) -> list[dict]:
 def runs(tmp_path: Path) -> dict[str, Path]:
     return {
         "sync": write_run(tmp_path / "sync", mode="sync", evals=scaled_evals(3.0)),
-        "esync": write_run(tmp_path / "esync", mode="esync", state_server=dict(bytes_sent=400)),
+        "esync": write_run(tmp_path / "esync", mode="esync", service=dict(bytes_sent=400)),
         "async": write_run(tmp_path / "async", mode="async", evals=scaled_evals(2.0),
                            ps=[dict(t=8.0, bytes_sent=4000, bytes_recv=4000)]),
         "local": write_run(tmp_path / "local", mode="local", workers={0: worker_records(0)},

@@ -231,7 +231,7 @@ def _round(plan, step_s=0.010):
 def test_a_worker_follows_the_last_plan_while_the_state_server_is_down_and_retries_later(
         monkeypatch):
     server = _Server()
-    plan = StatePlan(SimpleNamespace(clock=_Clock(), state_client=server, rank=0,
+    plan = StatePlan(SimpleNamespace(clock=_Clock(), service=server, rank=0,
                                      device_name="cpu"))
     plan.round_over(0)   # the first report
     assert [_round(plan) for _ in range(2)] == [4, 4]   # 40 ms left: four 10 ms steps

@@ -328,7 +328,7 @@ def test_load_from_16_keep_alive_clients_has_no_errors():
     """A bounded load (the figures are `hetsync bench state`'s to print, not this test's)."""
     import asyncio
 
-    from hetsync.bench.state_load import drive, start_server
+    from hetsync.state.load import drive, start_server
 
     proc, port = start_server(16)
     try:
@@ -432,8 +432,8 @@ def _figures(rank, rounds):
 
 def test_the_live_page_shows_what_workers_post_and_refuses_the_malformed(server):
     client = StateClient(server.host, server.port)
-    client.progress(_figures(1, 7))
-    client.progress(_figures(0, 9))
+    client.post("/progress", _figures(1, 7))
+    client.post("/progress", _figures(0, 9))
     status, data = _raw(server, "GET", "/live/data")
     data = json.loads(data)
     assert status == 200 and data["run"] == "exp"
@@ -447,7 +447,7 @@ def test_the_live_page_shows_what_workers_post_and_refuses_the_malformed(server)
                         ({**_figures(0, 1), "loss": [[0, "x"]]}, "loss"),
                         ({**_figures(0, 1), "run": "other"}, "still posting")):
         with pytest.raises(StateServerError, match=needle):
-            client.progress(bad)
+            client.post("/progress", bad)
     status, data = _raw(server, "GET", "/live/data")
     assert [w["rounds"] for w in json.loads(data)["workers"]] == [9, 7]  # as it was
     client.close()
@@ -458,8 +458,10 @@ def test_the_live_page_needs_the_token_beyond_loopback():
     try:
         assert _raw(s, "GET", "/live/data")[0] == 401
         with pytest.raises(StateServerError, match="token"):
-            StateClient("127.0.0.1", s.port, timeout=5, token="nope").progress(_figures(0, 1))
-        StateClient("127.0.0.1", s.port, timeout=5, token="s3cret").progress(_figures(0, 1))
+            StateClient("127.0.0.1", s.port, timeout=5, token="nope").post(
+                "/progress", _figures(0, 1))
+        StateClient("127.0.0.1", s.port, timeout=5, token="s3cret").post(
+            "/progress", _figures(0, 1))
         status, data = _raw(s, "GET", "/live/data?token=s3cret")
         assert status == 200 and json.loads(data)["workers"][0]["rounds"] == 1
     finally:

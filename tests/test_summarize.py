@@ -70,7 +70,7 @@ def write_run(
     slowdowns: list[float] | None = None,
     wall_s: float | None = 10.0,
     ps: list[dict] | None = None,
-    state_server: dict | None = None,
+    service: dict | None = None,
 ) -> Path:
     """Write a run directory in the workers' format; defaults give the run described above."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,8 +93,8 @@ def write_run(
     write_jsonl(run_dir / "eval.jsonl", EVALS if evals is None else evals)
     if ps is not None:
         write_jsonl(run_dir / "ps.jsonl", ps)
-    if state_server is not None:
-        (run_dir / "state-server.json").write_text(json.dumps(state_server))
+    if service is not None:
+        (run_dir / "service.json").write_text(json.dumps(service))
     return run_dir
 
 
@@ -103,7 +103,7 @@ def run_dir(tmp_path: Path) -> Path:
     return write_run(
         tmp_path / "run-esync",
         ps=[dict(t=2.0, bytes_sent=500, bytes_recv=700), dict(t=8.0, bytes_sent=2000, bytes_recv=3000)],
-        state_server=dict(bytes_sent=400, bytes_recv=300, requests=50),
+        service=dict(bytes_sent=400, bytes_recv=300, requests=50),
     )
 
 
@@ -133,16 +133,22 @@ def test_evaluation_pauses_of_every_worker_are_not_training_time(run_dir):
     assert s["traffic_Bps"] == pytest.approx(s["bytes_sent_total"] / 8.0)
 
 
-def test_traffic_counts_workers_ps_and_state_server(run_dir):
+def test_traffic_counts_workers_ps_and_the_modes_service(run_dir):
     s = summarize(run_dir)
     assert s["bytes_sent_workers"] == 8000
     assert s["bytes_sent_ps"] == 2000  # the last cumulative record, not the sum of records
-    assert s["bytes_sent_state_server"] == 400
+    assert s["bytes_sent_service"] == 400
     assert s["bytes_sent_total"] == 10400
     assert s["bytes_recv_total"] == 8000 + 3000 + 300
     assert s["traffic_Bps"] == pytest.approx(1040.0)
     assert s["bytes_per_worker_round"] == pytest.approx(1000.0)
-    assert s["state_server_requests"] == 50
+    assert s["service_requests"] == 50
+
+
+def test_a_run_written_before_service_json_still_counts_its_state_server(run_dir):
+    (run_dir / "service.json").rename(run_dir / "state-server.json")
+    s = summarize(run_dir)
+    assert s["bytes_sent_service"] == 400 and s["service_requests"] == 50
 
 
 def test_slowdowns_default_to_one_per_worker(tmp_path):
@@ -157,7 +163,8 @@ def test_slowdowns_default_to_one_per_worker(tmp_path):
 
 def test_traffic_without_servers(tmp_path):
     s = summarize(write_run(tmp_path / "r"))
-    assert s["bytes_sent_total"] == 8000 and s["bytes_sent_ps"] == 0 and s["bytes_sent_state_server"] == 0
+    assert s["bytes_sent_total"] == 8000 and s["bytes_sent_ps"] == 0
+    assert s["bytes_sent_service"] == 0
     assert s["traffic_Bps"] == pytest.approx(800.0)
 
 

@@ -104,7 +104,7 @@ def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mod
         (w["rank"], w["rounds"]) for w in two["per_worker"]]
     assert live["evaluated"]  # rank 0's deferred evaluations, posted at the end
     if mode == "esync":  # the state server's records, from rank 0 (no launcher here)
-        assert json.loads((gathered / "state-server.json").read_text())["requests"] > 0
+        assert json.loads((gathered / "service.json").read_text())["requests"] > 0
     if mode == "async":  # the parameter server's, from its own rank on host 1
         assert (gathered / "ps.jsonl").is_file()
 

@@ -26,7 +26,8 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
         collective: "native", "ring", "butterfly", "binary-blocks" or "ps".
         group: the process group of the workers (default: all ranks, less the parameter
             server's where the mode has one).
-        state_server: (host, port) of ESync's state server; default: rank 0 starts one.
+        service: (host, port) of the service the mode declares (ESync's state server);
+            default: rank 0 starts one.
         ps_rank: the parameter server's rank (default: the last); that rank calls
             `hetsync.serve_parameters` instead.
         timeout: seconds before a silent peer is taken as dead (default 120).

@@ -33,14 +33,14 @@ def _progress_printer(stream=sys.stdout):
 
 def preflight(cfg: Config):
     """What launch checks before it starts a process, so that a mistake is one line here
-    rather than a worker's error relayed: every flag, the state server's address (it is
-    started on it), the GPU, and the data (found, readable, one batch for every worker).
+    rather than a worker's error relayed: every flag, the address of the mode's service (it
+    is started on it), the GPU, and the data (found, readable, one batch for every worker).
     Returns the data."""
     from hetsync.runtime.worker import pick_device
 
     cfg.validate()
-    if cfg.spec.state_server and cfg.bandwidth is None:  # --bandwidth: the bridge's address
-        check_host("-ip/--state-server-ip", cfg.state_ip, listen=True)
+    if cfg.spec.service is not None and cfg.bandwidth is None:  # --bandwidth: the bridge's
+        check_host("-ip/--service-ip", cfg.service_ip, listen=True)
     pick_device(cfg, local_rank=cfg.world_size - 1)  # -g: the highest device a rank may use
     split = cfg.load_data()
     cfg.validate_data(split)
@@ -151,8 +151,8 @@ def cmd_worker(args) -> int:
     cfg = worker_config(args)
     if args.join:
         _check_joinable(cfg, args)
-    if cfg.spec.state_server:
-        check_host("-ip/--state-server-ip", cfg.state_ip)
+    if cfg.spec.service is not None:
+        check_host("-ip/--service-ip", cfg.service_ip)
     reason = None if args.run_dir is None else unwritable_dir(args.run_dir)
     if reason is not None:
         raise ConfigError(f"--run-dir: invalid value {args.run_dir!r}; expected a directory "
@@ -307,7 +307,7 @@ def cmd_bench(args) -> int:
 
         return comm_main(args.rest) or 0
     if args.what == "state":
-        from hetsync.bench.state_load import main as state_main
+        from hetsync.state.load import main as state_main
 
         return state_main(args.rest)
     from hetsync.bench.modes import main as modes_main
@@ -362,8 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("launch", help="run a whole cluster on this machine (the main job)",
-                       description="Start the state server, the parameter server if the mode "
-                       "needs one, and N workers on this machine; show progress; summarise.")
+                       description="Start the mode's service and the parameter server if it "
+                       "needs them, and N workers on this machine; show progress; summarise.")
     add_config_arguments(p, LAUNCH_DEFAULTS)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
@@ -496,13 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as err:  # known failures of a run: say what, not where
         from hetsync.runtime.launcher import LaunchError
-        from hetsync.state import StateServerError
+        from hetsync.services import ServiceError
         from hetsync.serving import ServerConfigError
         from hetsync.telemetry.runlog import RunLogError
 
         from hetsync.runtime.checkpoint import CheckpointError
 
-        if isinstance(err, (LaunchError, StateServerError, ServerConfigError, RunLogError,
+        if isinstance(err, (LaunchError, ServiceError, ServerConfigError, RunLogError,
                             CheckpointError, OSError)):
             print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
             return 1

@@ -37,15 +37,17 @@ MODEL_SIZE = {"context": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
 #: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
 #: the launcher and by every worker, possibly on other machines); numpy and torch seeds are
-#: unsigned 32-bit; the state server keeps a record per worker; sleeps and waits overflow
+#: unsigned 32-bit; a mode's service keeps a record per worker; sleeps and waits overflow
 #: past some 1e9 s (a week is already far beyond any use: MAX_WAIT_S), and a slowdown or
 #: straggler delay beyond 1000x its step is a worker that never steps (MAX_SLOWDOWN).
 MAX_THREADS = 1024
 MAX_SEED = 2**32 - 1
-MAX_WORKERS = 1024  # the state server plans rounds for at most this many
+MAX_WORKERS = 1024  # a mode's service (ESync's plan) serves at most this many
 MAX_WAIT_S = 7 * 24 * 3600.0
 MAX_SLOWDOWN = 1000.0
 PORTS = range(1, 65536)
+#: config keys of earlier versions (a run directory they wrote still resumes)
+RENAMED = {"state_ip": "service_ip", "state_port": "service_port"}
 
 
 class ConfigError(ValueError):
@@ -124,13 +126,14 @@ class Config:
                            "help": f"data partition: {', '.join(PARTITIONS)}"})
     dirichlet_alpha: float = field(default=0.5, metadata={"flags": ("--dirichlet-alpha",),
                                    "help": "label skew of --partition dirichlet"})
-    state_ip: str = field(default="127.0.0.1", metadata={"flags": ("-ip", "--state-server-ip"),
-                          "help": "state server address (ESync's planner; every mode's "
-                                  "live page across machines)"})
-    state_port: int = field(default=10010, metadata={"flags": ("-port", "--state-server-port"),
-                            "help": "state server port"})
+    service_ip: str = field(default="127.0.0.1", metadata={"flags": ("-ip", "--service-ip"),
+                            "help": "address of the mode's service, if it declares one "
+                                    "(esync's), and of the live board of --live-report"})
+    service_port: int = field(default=10010, metadata={"flags": ("-port", "--service-port"),
+                              "help": "its port"})
     live_report: bool = field(default=False, metadata={"flags": ("--live-report",),
-        "help": "post this worker's figures every second to the state server (-ip/-port), "
+        "help": "post this worker's figures every second to the live board at -ip/-port "
+                "(`hetsync state-server` serves one), "
                 "whose live page at /live/ then shows every worker of the run, in any mode "
                 "(for runs across machines; launch serves its own) (0/1)"})
     workers: int = field(default=4, metadata={"flags": ("--workers",),
@@ -403,8 +406,8 @@ class Config:
         if not 0 < self.regroup_grace <= MAX_WAIT_S:  # (the wait is capped at --timeout)
             raise bad("regroup_grace", f"a finite number of seconds > 0, at most "
                                        f"{MAX_WAIT_S:g}")
-        if self.state_port not in PORTS:
-            raise bad("state_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
+        if self.service_port not in PORTS:
+            raise bad("service_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
         if self.gpu < -1:
             raise bad("gpu", "-1 (CPU) or a GPU index >= 0")
         if (self.time_budget is None and self.target_acc is None and self.target_loss is None
@@ -516,11 +519,11 @@ class Config:
         if not isinstance(data, dict):
             raise ConfigError(f"expected a JSON object of config keys, got "
                               f"{type(data).__name__} {data!r:.60}")
+        data = {RENAMED.get(key, key): value for key, value in data.items()}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
-        data = dict(data)
         for key in ("slowdowns", "plugins"):  # JSON lists; their items are checked below
             if isinstance(data.get(key), list):
                 data[key] = tuple(float(x) if key == "slowdowns" and _is_a(x, float) else x
@@ -655,8 +658,8 @@ def _bounded_int(low: int, high: int, what: str):
     return parse
 
 
-#: `hetsync state-server`'s flags (Config's own -port and --workers are checked by validate()
-#: against the same bounds).
+#: the services' flags (Config's own -port and --workers are checked by validate() against
+#: the same bounds).
 parse_port = _bounded_int(PORTS.start, PORTS.stop - 1, "a TCP port")
 #: a port to listen on: 0 asks the system for any free one
 parse_listen_port = _bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one)")
@@ -709,8 +712,8 @@ def parse_epsilon(text: str) -> float | None:
 
 
 def parse_epsilon_fraction(text: str) -> float | None:
-    """`auto` (None) or a fraction in (-1, 1): the state server's --epsilon (ESync's own
-    --epsilon is checked with its options, ESyncOptions.validate)."""
+    """`auto` (None) or a fraction in (-1, 1): a service's --epsilon (ESync's planning
+    margin; ESync's own --epsilon is checked with its options, ESyncOptions.validate)."""
     value = parse_epsilon(text)
     if value is not None and not -1 < value < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected auto or a "

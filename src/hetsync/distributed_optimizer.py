@@ -10,11 +10,11 @@
 
 1. Construction assembles the mode by the same code as `hetsync worker`
    (`runtime/assembly.py`); every worker of the group constructs it, in the same order, and
-   starts from rank 0's model. A mode that needs ESync's state server and was given none gets
-   one: rank 0 serves it on a thread (on loopback when the group is on one machine, else on
-   the master's address with a token made for the run) and tells the others through the
-   process group's store. A mode with a parameter server needs one more process than workers:
-   the last rank calls `serve_parameters` instead of training.
+   starts from rank 0's model. A mode that declares a service (`ModeSpec.service`: ESync's
+   state server) and was given none gets one: rank 0 serves it on a thread (on loopback when
+   the group is on one machine, else on the master's address with a token made for the run) and
+   tells the others through the process group's store. A mode with a parameter server needs one
+   more process than workers: the last rank calls `serve_parameters` instead of training.
 2. The wrapper is a `torch.optim.Optimizer` sharing the wrapped one's parameter groups and
    state: learning-rate schedulers and `GradScaler` work on it as on the optimizer itself.
    Under `GradScaler`, a worker whose gradients overflowed takes part in the step with zero
@@ -93,7 +93,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, mode: str, *,
                  collective: str = "native", group=None,
-                 state_server: tuple[str, int] | None = None, ps_rank: int | None = None,
+                 service: tuple[str, int] | None = None, ps_rank: int | None = None,
                  timeout: float = 120.0, slowdown: float = 1.0, run_dir=None, log_dir=None,
                  **options):
         if isinstance(optimizer, DistributedOptimizer):
@@ -127,10 +127,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         DistributedOptimizer._made += 1
         prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
         store = dist.distributed_c10d._get_default_store() if workers > 1 else None
-        self._state_server, self._finished, token = None, False, None
-        if spec.state_server and state_server is None:
-            self._state_server, state_server, token = _start_state_server(
-                rank, workers, store, prefix)
+        self._service, self._finished, token = None, False, None
+        if spec.service is not None and service is None:
+            self._service, service, token = _start_service(spec.service, rank, workers, store,
+                                                           prefix)
         if log_dir is not None and run_dir is None:  # (named first: a parameter server
             # waits for the name before it serves the model the assembly pulls)
             run_dir = _new_run_dir(log_dir, f"{spec.name}-{type(model).__name__.lower()}",
@@ -139,8 +139,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
                                      group=group, collective=collective, timeout=timeout,
-                                     state_server=state_server or ("127.0.0.1", 10010),
-                                     state_token=token, ps_rank=ps_rank, slowdown=slowdown)
+                                     service=service or ("127.0.0.1", 10010),
+                                     service_token=token, ps_rank=ps_rank, slowdown=slowdown)
             self._connect(model, rank, workers, store, prefix, run_dir, group=group,
                           slowdown=slowdown, collective=collective, options=opts,
                           timeout=timeout)
@@ -163,7 +163,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._count_joined = common_round and not self.mode.counts_contributors
         #: where this run's records go (`run_dir`, or a new one under `log_dir`), or None
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self._recorder = (RunRecorder(run_dir, self.mode, model, rank, workers, store, prefix,
+        self._recorder = (RunRecorder(run_dir, self.assembly, model, rank, workers, store, prefix,
                                       lr=self.optimizer.param_groups[0]["lr"],
                                       leads=lambda: self.leads, **record)
                           if run_dir is not None else None)
@@ -420,12 +420,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                       f"{', '.join(map(str, members))})", RuntimeWarning, stacklevel=4)
 
     def _close(self, wait: bool = True) -> None:
-        """Stop the background channel, the state-server connection and the state server
-        this worker started, if any."""
+        """Stop the background channel, the service's connection and the service this worker
+        started, if any."""
         if self.assembly is not None:
             self.assembly.close(wait=wait)
-        if self._state_server is not None:
-            self._state_server.stop()
+        if self._service is not None:
+            self._service.stop()
 
     def _everyone_joined(self, action) -> bool:
         """After a joined worker's step: whether the round it ended was everyone's last (the
@@ -484,7 +484,7 @@ class RunRecorder:
     evaluations the user records (`eval.jsonl`). Time spent inside `global_model()` is
     evaluation, apart from training time."""
 
-    def __init__(self, run_dir, mode, model, rank: int, workers: int, store, prefix: str, *,
+    def __init__(self, run_dir, assembly, model, rank: int, workers: int, store, prefix: str, *,
                  slowdown: float, collective: str, lr: float, options, timeout: float,
                  leads=lambda: True):
         self.dir = Path(run_dir)
@@ -498,7 +498,8 @@ class RunRecorder:
         if held:  # (checked before rank 0 writes run.json: the others check first)
             raise ValueError(f"run_dir={str(run_dir)!r} holds a run already ({held[0]}): "
                              f"give a new directory, or log_dir= to have one named per run")
-        self.mode, self.rank, self.leads = mode, rank, leads
+        self.assembly, self.rank, self.leads = assembly, rank, leads
+        self.mode = mode = assembly.mode
         me = {"rank": rank, "host": socket.gethostname(),
               "device": mode.comm.device_name, "slowdown": slowdown, "role": "worker"}
         self.ranks = [me]
@@ -593,10 +594,7 @@ class RunRecorder:
         self.records.close()
         self.ended = self.train_time()
         if self.leads():
-            traffic = (self.mode.comm.state_client.traffic()
-                       if self.mode.comm.state_client is not None else None)
-            if traffic is not None:
-                write_json_atomic(self.dir / "state-server.json", traffic)
+            self.assembly.record_service(self.dir)
             wall = time.perf_counter() - self.t0
             write_json_atomic(self.dir / "run.json", {
                 **self.info, "end_time": self.start_time + wall, "wall_s": wall,
@@ -677,21 +675,20 @@ def _one_host() -> bool:
         return os.environ.get("MASTER_ADDR") == "localhost"
 
 
-def _start_state_server(rank: int, workers: int, store, prefix: str):
-    """Rank 0 starts ESync's state server on a thread on a free port and publishes where in
-    the store; every worker returns (server or None, (host, port), token)."""
-    from hetsync.state.server import StateServer
-
+def _start_service(service, rank: int, workers: int, store, prefix: str):
+    """Rank 0 starts the mode's `service` (a `RunService`) on a thread on a free port and
+    publishes where in the store; every worker returns (server or None, (host, port),
+    token)."""
     server = None
     if rank == 0:
         host = "127.0.0.1" if workers == 1 or _one_host() else os.environ["MASTER_ADDR"]
         token = None if host == "127.0.0.1" else secrets.token_hex(16)
-        server = StateServer(workers, host=host, port=0, token=token).start()
+        server = service.serve(workers, host, token)
         where = f"{host} {server.port} {token or ''}"
         if store is not None:
-            store.set(f"{prefix}/state-server", where)
+            store.set(f"{prefix}/{service.name}", where)
     else:
-        where = store.get(f"{prefix}/state-server").decode()
+        where = store.get(f"{prefix}/{service.name}").decode()
     host, port, token = (where.split(" ") + [""])[:3]
     return server, (host, int(port)), token or None
 

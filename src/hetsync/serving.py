@@ -1,4 +1,4 @@
-"""Serving a Starlette app with uvicorn, bounded: the state server's and the live page's.
+"""Serving a Starlette app with uvicorn, bounded: a mode's service's and the live page's.
 
 uvicorn (its httptools parser, uvloop where installed) in one process and one event loop, on a
 socket bound here (so a bad host or a taken port is one line before anything starts), on a

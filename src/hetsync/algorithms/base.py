@@ -104,16 +104,16 @@ class Step:
 @dataclass
 class CommContext:
     """How a worker reaches its peers and servers: its rank among the workers, their process
-    group, the collective used for aggregation, the parameter-server and state-server clients
-    (if the mode needs them), the background channel, the phase clock, and the step timer
-    that emulates its device's speed (shared with the loop)."""
+    group, the collective used for aggregation, the parameter server's client and that of the
+    service the mode declares (`ModeSpec.service`), if any, the background channel, the phase
+    clock, and the step timer that emulates its device's speed (shared with the loop)."""
 
     rank: int = 0
     workers: int = 1
     group: dist.ProcessGroup | None = None
     collective: str = "native"
     ps_client: object | None = None
-    state_client: object | None = None
+    service: object | None = None   # the declared service's client (`RunService.connect`)
     channel: object | None = None   # hetsync.comm.channel.Channel
     timeout: float = 120.0
     clock: PhaseClock = field(default_factory=PhaseClock)

@@ -57,6 +57,7 @@ from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import StepTimes
 from hetsync.algorithms.scaffold import DRIFT_CORRECTIONS
 from hetsync.state.policy import Decision, would_overrun
+from hetsync.state.service import STATE_SERVER
 
 
 @dataclass
@@ -163,7 +164,7 @@ class StatePlan:
         """The server did not answer: say so (once an outage), and pause before trying it
         again."""
         if self._retry_at is None:
-            client, cause = self.comm.state_client, err.__cause__ or err
+            client, cause = self.comm.service, err.__cause__ or err
             warnings.warn(f"rank {self.comm.rank}: the state server at {client.host}:"
                           f"{client.port} did not answer ({type(cause).__name__}); the rounds "
                           f"follow its last plan until it answers again", RuntimeWarning,
@@ -193,7 +194,7 @@ class StatePlan:
         if self._retry_at is not None and time.monotonic() < self._retry_at:
             self._answer = self._last
             return
-        self._plan = self.comm.state_client.report_async(
+        self._plan = self.comm.service.report_async(
             self.comm.rank, next_round, 0, max(self.step_time or 0.0, 1e-6),
             # (before its first plan, as long as the client tries: it may be starting)
             self.comm.device_name, retry_s=None if self._last is None else self.READ_S)
@@ -226,7 +227,7 @@ class ESync(LocalRounds):
                 "drift_correction": "none"}
 
     def __init__(self, model, optimizer, comm, options: ESyncOptions | None = None):
-        if comm.state_client is None:
+        if comm.service is None:
             raise ValueError(f"mode {self.name!r} needs a state server client (-ip/-port)")
         options = (options or ESyncOptions()).validate()
         super().__init__(model, optimizer, comm, options, length=StatePlan(comm),
@@ -250,8 +251,8 @@ class ESync(LocalRounds):
         its reports, and starts from rank 0's model."""
         self._take_run_id()
         if self.comm.rank == 0:
-            self.comm.state_client.init(self.comm.workers, self.options.epsilon,
-                                        run=self.comm.state_client.run)
+            self.comm.service.init(self.comm.workers, self.options.epsilon,
+                                   run=self.comm.service.run)
         super().setup()
 
     def _take_run_id(self) -> None:
@@ -259,7 +260,7 @@ class ESync(LocalRounds):
         torch's generator: the run's seeded streams stay as they were)."""
         self._run_base = int(self.comm.broadcast(torch.tensor(
             [secrets.randbits(62) if self.comm.leads else 0])))
-        self.comm.state_client.run = f"{self._run_base:016x}"
+        self.comm.service.run = f"{self._run_base:016x}"
 
     @classmethod
     def goes_on_without_a_worker(cls, options: ESyncOptions) -> bool:
@@ -285,7 +286,7 @@ class ESync(LocalRounds):
         starts the state server's run afresh for them, under the run's id and the
         generation (every report names the lost ranks too, for a restarted server)."""
         self.length.forget()
-        client = self.comm.state_client
+        client = self.comm.service
         client.close()  # an answer of the old run may be unread on its connection
         lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
         client.run = f"{self._run_base:016x}/{self.comm.generation}"
@@ -332,12 +333,12 @@ def sum_length(model_numel: int, stats_numel: int, options: ESyncOptions) -> int
 
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
                   "done; all-reduce Δ = w_local − w_global; w_global += gl·mean(Δ)",
-                  options=ESyncOptions, state_server=True, sum_length=sum_length,
+                  options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
                   lr_note="local rate, global 1"))
 register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
                   "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta; on non-IID "
                   "data blocking rounds of at most 4 local steps",
-                  options=ESyncOptions, state_server=True, sum_length=sum_length,
+                  options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
                   lr_note="local rate, outer 0.7",
                   # measured (results/levers-drift.md): the background sum's extra steps
                   # and the fastest worker's 8 steps a round are what drift on label skew

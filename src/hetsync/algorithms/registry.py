@@ -27,6 +27,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hetsync.services import RunService
+
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
                     "hetsync.algorithms.sync",
                     "hetsync.algorithms.esync", "hetsync.algorithms.diloco",
@@ -57,7 +59,8 @@ class ModeSpec:
         sum_length: ``(model numel, BatchNorm statistics numel, options) -> int``: the longest
             sum a worker sends over ``--collective ps`` (the server refuses longer ones);
             ``None``: the model, its statistics and two counts.
-        state_server: the workers need ESync's state server.
+        service: a process the workers talk to besides one another
+            (:class:`hetsync.services.RunService`).
         parameter_server: the run needs a parameter-server rank whatever ``--collective`` says.
         collective: the mode aggregates through ``--collective`` (else through its own
             transport, and ``--collective`` must stay ``native``).
@@ -78,7 +81,7 @@ class ModeSpec:
     summary: str
     options: type | None = None
     server_rule: Callable[..., Any] | None = None
-    state_server: bool = False
+    service: RunService | None = None
     parameter_server: bool = False
     collective: bool = True
     push_extra: int = 0

@@ -7,7 +7,7 @@ optimizer, `assemble` connects what the mode needs and returns it ready to train
    gloo);
 2. the parameter-server client when the mode or `--collective ps` needs one (the server is the
    last global rank);
-3. the state-server client when the mode needs one, checked to be up;
+3. the client of the service the mode declares (`ModeSpec.service`), checked to be up;
 4. the worker's persistent background channel (`hetsync.comm.channel`, its own group);
 5. the step timer that emulates the device's speed (`runtime/heterogeneity.py`);
 6. the mode itself, whose `setup()` makes every worker start from the same model.
@@ -41,11 +41,21 @@ class Assembly:
 
     def close(self, wait: bool = True) -> None:
         """Stop the background channel (`wait`: for its jobs; not after a failure, when its
-        daemon thread dies with the process) and close the state-server connection."""
+        daemon thread dies with the process) and close the service's connection."""
         if self.comm.channel is not None:
             self.comm.channel.close(wait=wait)
-        if self.comm.state_client is not None:
-            self.comm.state_client.close()
+        if self.comm.service is not None:
+            self.comm.service.close()
+
+    def record_service(self, run_dir: Path) -> None:
+        """The declared service's counts as the run's `service.json` (by the worker that
+        leads, at the end), if it can tell them."""
+        traffic = getattr(self.comm.service, "traffic", lambda: None)()
+        if traffic is not None:
+            from hetsync.telemetry.recorder import write_json_atomic
+
+            write_json_atomic(Path(run_dir) / "service.json",
+                              {"service": self.spec.service.name, **traffic})
 
 
 def device_label(device: torch.device) -> str:
@@ -55,8 +65,8 @@ def device_label(device: torch.device) -> str:
 def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
              group: dist.ProcessGroup | None, collective: str = "native",
-             timeout: float = 120.0, state_server: tuple[str, int] = ("127.0.0.1", 10010),
-             state_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
+             timeout: float = 120.0, service: tuple[str, int] = ("127.0.0.1", 10010),
+             service_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
              straggler=None, step_work: float | None = None,
              channel_group: dist.ProcessGroup | None = None, joining: bool = False) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
@@ -83,11 +93,9 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                              f"parameter server: give its rank")
         # `connect` also makes it the client that all_reduce(..., "ps") uses.
         comm.ps_client = connect(ps_rank) if collective == "ps" else PSClient(ps_rank)
-    if spec.state_server:
-        from hetsync.state import StateClient
-
-        comm.state_client = StateClient(*state_server, timeout=timeout, token=state_token)
-        comm.state_client.wait_until_up(deadline_s=min(timeout, 60.0))
+    if spec.service is not None:  # (`service`: where it listens)
+        comm.service = spec.service.connect(*service, timeout, service_token)
+        comm.service.wait_until_up(deadline_s=min(timeout, 60.0))
     if workers > 1 and not joining:
         ranks = [dist.get_global_rank(group, r) if group is not None else r
                  for r in range(workers)]

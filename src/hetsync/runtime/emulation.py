@@ -82,15 +82,16 @@ def available_cores() -> int:
 
 def affinities(cfg: Config) -> dict[str, list[int]]:
     """The cores of each process `launch` starts (`placement`), by its name (`rank-R`, `ps`,
-    `state-server`, `evaluator`); empty where nothing is placed (no emulated devices, GPUs,
-    or one core)."""
+    the mode's service, `evaluator`); empty where nothing is placed (no emulated devices,
+    GPUs, or one core)."""
     cores = usable_cores(cfg.cores)
     if not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or len(cores) < 2:
         return {}
     devices, shared = placement(tuple(cfg.slowdown_of(r) for r in range(cfg.workers)),
                                 cfg.threads, cores)
     return {**{f"rank-{r}": c for r, c in enumerate(devices)},
-            **{name: shared for name in ("ps", "state-server", "evaluator")}}
+            **{name: shared for name in ("ps", "evaluator") +
+               ((cfg.spec.service.name,) if cfg.spec.service is not None else ())}}
 
 
 @dataclass(frozen=True)

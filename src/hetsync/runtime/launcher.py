@@ -1,7 +1,8 @@
 """`hetsync launch`: a whole cluster on this machine.
 
-Starts the state server (for a mode that needs one: esync), then one `hetsync worker` process
-per rank (the last one is the parameter server when the run needs one) — with `--bandwidth`,
+Starts the service the mode declares (`ModeSpec.service`, e.g. ESync's planner; started again
+when it dies), then one `hetsync worker` process per rank (the last one is the parameter
+server when the run needs one) — with `--bandwidth`,
 each on its own emulated host behind a rate-limited link (`runtime/network.py`) — and, with
 `--evaluator 1`, the evaluator (`hetsync evaluate --follow`, at the lowest CPU priority) once
 rank 0 has started the run; shows one progress line for the cluster, and stops every child on
@@ -38,7 +39,7 @@ class LaunchError(RuntimeError):
 
 
 class PortTaken(LaunchError):
-    """Another run's state server holds the port a restarted one must keep (the workers')."""
+    """Another run's service holds the port a restarted one must keep (the workers')."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -98,9 +99,9 @@ class Cluster:
     #: The module every child runs as `python -m MODULE ARGS...` (a subclass may start another).
     module = "hetsync"
 
-    #: children that serve the workers: the run goes on when the evaluator fails (the
-    #: launcher evaluates what it left), and a state server is started again
-    SERVICES = ("state-server", "evaluator")
+    #: the child that evaluates for the workers: the run goes on when it fails (the launcher
+    #: evaluates what it left)
+    EVALUATOR = "evaluator"
 
     def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False,
                  rejoins: int = 0):
@@ -115,26 +116,29 @@ class Cluster:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.state_port: int | None = None
-        self.state_restarts = 0
+        #: the service the mode declares, its port once started, and its restarts so far
+        self.service = cfg.spec.service
+        self.service_port: int | None = None
+        self.service_restarts = 0
         self.lost: set[str] = set()  # workers that died in a mode that goes on without them
         self.store = None  # torch's key-value store of the workers (`start_ranks`)
         #: a `runtime.network.LimitedNetwork`: rank k runs on its host k (None: loopback)
         self.network = network
-        #: the state server's shared secret, given to every child: the user's own, or a fresh
-        #: one when the server listens on an address other machines could reach
+        #: the service's shared secret, given to every child: the user's own, or a fresh one
+        #: when the service listens on an address other machines could reach
         self.token = os.environ.get("HETSYNC_TOKEN") or (
-            None if is_loopback(cfg.state_ip) else secrets.token_urlsafe(24))
+            None if is_loopback(cfg.service_ip) else secrets.token_urlsafe(24))
         from hetsync.runtime.emulation import affinities
 
         #: each child's cores, by name (the emulated devices' placement)
         self.cores = affinities(cfg)
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
-               host: int | None = None) -> subprocess.Popen:
+               host: int | None = None, argv: list[str] | None = None) -> subprocess.Popen:
+        """Start `python -m MODULE ARGS...` (or `argv`) as the child `name`."""
         again = self.resume or name in self.procs  # (a restart keeps what the last one said)
         log = open(self.logs / f"{name}.log", "a" if again else "w")
-        argv = [sys.executable, "-m", self.module, *args]
+        argv = argv if argv is not None else [sys.executable, "-m", self.module, *args]
         if host is not None:
             argv = self.network.command(host, argv)
         proc = subprocess.Popen(argv, stdout=log,
@@ -147,28 +151,18 @@ class Cluster:
         self.procs[name] = proc
         return proc
 
-    #: how many times a state server that died is started again before the run is given up
-    STATE_SERVER_RESTARTS = 5
-
-    def start_state_server(self, port: int | None = None, restart: bool = False) -> int:
-        """Start the state server (on `port`; a `restart` keeps the workers' port)."""
-        from hetsync.state import StateClient
-
-        host = self.cfg.state_ip
+    def start_service(self, port: int | None = None, restart: bool = False) -> int:
+        """Start the mode's service (on `port`; a `restart` keeps the workers' port)."""
+        svc, host = self.service, self.cfg.service_ip
         if port is None:
-            port = self.cfg.state_port
+            port = self.cfg.service_port
             if not _port_free(host, port):
                 port = free_port(host)  # another run holds the default port: take any free one
-        # The workers' rank 0 starts the run on it with the mode's own options (`/init`); a
-        # restarted one is given them here, and rebuilds its records from the next reports.
-        epsilon = getattr(self.cfg.mode_options(), "epsilon", None)
         instance = secrets.token_hex(8)  # (its /healthz says it: ours, not another run's)
-        proc = self._spawn("state-server", ["state-server", "--host", host, "--port", str(port),
-                                            "--workers", str(self.cfg.workers), "--epsilon",
-                                            "auto" if epsilon is None else str(epsilon),
-                                            "--instance", instance])
-        self.state_port = port
-        client = StateClient(host, port, timeout=5, token=self.token)
+        proc = self._spawn(svc.name, [], argv=svc.command(host, port, self.cfg.workers,
+                                                          self.cfg.mode_options(), instance))
+        self.service_port = port
+        client = svc.connect(host, port, 5.0, self.token)
         deadline = time.monotonic() + 30
         try:
             while True:  # (not waiting for one that exited)
@@ -176,34 +170,34 @@ class Cluster:
                     answer = client.wait_until_up(deadline_s=0.5)
                 except Exception as err:
                     if proc.poll() is not None or time.monotonic() > deadline:
-                        raise LaunchError(f"the state server did not start:\n"
-                                          f"{_tail(self.logs / 'state-server.log')}") from err
+                        raise LaunchError(f"the {svc.title} did not start:\n"
+                                          f"{_tail(self.logs / f'{svc.name}.log')}") from err
                     continue
                 if answer.get("instance") == instance:
                     return port
-                # another run's server, started on the port since we found it free: ours
+                # another run's service, started on the port since we found it free: ours
                 # cannot listen there (a restart must keep the workers' port)
                 proc.kill()
                 proc.wait()
                 if restart:
-                    raise PortTaken(f"the state server cannot be started again on port {port}: "
-                                    f"another run's server holds it now")
-                return self.start_state_server(free_port(host))
+                    raise PortTaken(f"the {svc.title} cannot be started again on port {port}: "
+                                    f"another run's holds it now")
+                return self.start_service(free_port(host))
         finally:
             client.close()
 
-    def restart_state_server(self) -> bool:
-        """Start a state server that died again on its port; False once restarts ran out.
+    def restart_service(self) -> bool:
+        """Start the service that died again on its port; False once its restarts ran out.
         One that dies again as it starts (killed again) is the next look's to restart."""
-        if self.state_restarts >= self.STATE_SERVER_RESTARTS:
+        if self.service_restarts >= self.service.restarts:
             return False
-        self.state_restarts += 1
+        self.service_restarts += 1
         try:
-            self.start_state_server(self.state_port, restart=True)
+            self.start_service(self.service_port, restart=True)
         except PortTaken:
             raise
         except LaunchError:
-            if self.procs["state-server"].poll() is None:
+            if self.procs[self.service.name].poll() is None:
                 raise  # running, but not answering
         return True
 
@@ -232,8 +226,8 @@ class Cluster:
                 "--resume" if self.resume and not join else "--run-dir", str(self.run_dir)]
         if join:
             args.append("--join")
-        if self.state_port is not None:
-            args += ["-port", str(self.state_port)]
+        if self.service_port is not None:
+            args += ["-port", str(self.service_port)]
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": self.store.host, "MASTER_PORT": str(self.store.port),
                "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -242,13 +236,14 @@ class Cluster:
         self._spawn(name, args, env=env, host=None if net is None else rank)
 
     def ranks(self) -> dict[str, subprocess.Popen]:
-        return {k: p for k, p in self.procs.items() if k not in self.SERVICES}
+        helpers = (self.EVALUATOR, *((self.service.name,) if self.service else ()))
+        return {k: p for k, p in self.procs.items() if k not in helpers}
 
     def evaluator_due(self) -> bool:
         """Whether to start the evaluator now: the run evaluates in one (`--evaluator 1`,
         deferred evaluation), and rank 0 has started this attempt (its run.json is newer than
         the launch: a resumed run's rank 0 first cuts eval.jsonl back to the checkpoint)."""
-        if not (self.cfg.evaluator and self.cfg.deferred) or "evaluator" in self.procs:
+        if not (self.cfg.evaluator and self.cfg.deferred) or self.EVALUATOR in self.procs:
             return False
         try:
             return (self.run_dir / "run.json").stat().st_mtime >= self.started - 1.0
@@ -256,12 +251,12 @@ class Cluster:
             return False
 
     def start_evaluator(self) -> None:
-        self._spawn("evaluator", ["evaluate", str(self.run_dir), "--follow"])
+        self._spawn(self.EVALUATOR, ["evaluate", str(self.run_dir), "--follow"])
 
     def finish_evaluation(self, progress, stream) -> None:
         """After the workers: wait for the evaluator to evaluate the last snapshots; evaluate
         what a failed one left here."""
-        proc = self.procs.get("evaluator")
+        proc = self.procs.get(self.EVALUATOR)
         while proc is not None and proc.poll() is None:
             progress.update()
             time.sleep(0.2)
@@ -401,8 +396,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             raise ConfigError(f"--resume {resume}: no checkpoints there (written every "
                               f"--checkpoint-every evaluations and at the end)")
     network = open_network(cfg)
-    if network is not None:  # the state server listens on the bridge, which every host reaches
-        cfg = dataclasses.replace(cfg, state_ip=network.bridge_address)
+    if network is not None:  # the service listens on the bridge, which every host reaches
+        cfg = dataclasses.replace(cfg, service_ip=network.bridge_address)
     try:
         cfg, run_dir = (cfg, Path(resume)) if resume is not None else prepare_run_dir(cfg)
     except BaseException:
@@ -469,26 +464,27 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
 
 
 def _run_cluster(cluster: Cluster, progress, stream) -> None:
-    """Start `cluster`'s processes and watch them until its workers are done: restart a state
-    server that died, go on without an evaluator or a worker the mode can lose; raises
+    """Start `cluster`'s processes and watch them until its workers are done: restart the
+    mode's service when it dies, go on without an evaluator or a worker the mode can lose; raises
     _Stopped naming a process the run cannot go on without."""
     cfg = cluster.cfg
-    if cfg.spec.state_server:
-        cluster.start_state_server()
+    svc = cfg.spec.service
+    if svc is not None:
+        cluster.start_service()
     cluster.start_ranks(cluster.run_dir / "config.json")
     while True:
         failure = cluster.failed()
-        if failure is not None and failure[0] == "state-server" and \
-                cluster.restart_state_server():
-            print(f"\nthe state server exited with code {failure[1]}; started it again "
-                  f"on port {cluster.state_port} ({cluster.state_restarts} of "
-                  f"{cluster.STATE_SERVER_RESTARTS})", file=stream, flush=True)
+        if failure is not None and svc is not None and failure[0] == svc.name and \
+                cluster.restart_service():
+            print(f"\nthe {svc.title} exited with code {failure[1]}; started it again "
+                  f"on port {cluster.service_port} ({cluster.service_restarts} of "
+                  f"{svc.restarts})", file=stream, flush=True)
             continue
-        if failure is not None and failure[0] == "evaluator":
+        if failure is not None and failure[0] == cluster.EVALUATOR:
             print(f"\nthe evaluator exited with code {failure[1]} (its log: "
                   f"{cluster.logs / 'evaluator.log'}); training goes on, and what it left "
                   f"is evaluated at the end", file=stream, flush=True)
-            cluster.lost.add("evaluator")
+            cluster.lost.add(cluster.EVALUATOR)
             continue
         if cluster.evaluator_due():
             cluster.start_evaluator()

@@ -25,7 +25,7 @@ A member lost while the groups are made (after it registered) never connects: ma
 fails within `MAKING_S` (not the timeout: every live member is making them at the same
 time), and the members regroup again (`rebuild`), without it. A rank left out (it registered
 too late) stops with an error naming the regroup. Ranks keep their numbers: a group's ranks
-are global ranks, so records, shards and the state server's reports stay as they were. One
+are global ranks, so records, shards and the reports to a mode's service stay as they were. One
 member leads (`leader`): it proposes, evaluates and writes the global model
 (`runtime/training.py`) — rank 0 until it is lost, then the lowest survivor, which keeps the
 lead while it lives (a rank that joins never takes it back).

@@ -3,8 +3,8 @@
 `hetsync launch --bandwidth 100mbit` runs every rank in its own Linux network namespace, joined
 to the others by a veth pair into one bridge (a switch), with a token-bucket filter
 (`tc qdisc … tbf`) on both ends of each pair: every host sends and receives at most the rate,
-as a machine with that network card would. Servers the run needs besides the ranks (ESync's
-state server) listen on the bridge's own address. Needs root and iproute2's `ip` and `tc`;
+as a machine with that network card would. The service the mode declares
+(`ModeSpec.service`) listens on the bridge's own address. Needs root and iproute2's `ip` and `tc`;
 netem is not used (it is missing from some kernels).
 
 Every namespace, link and qdisc made here carries the launcher's process id in its name and is

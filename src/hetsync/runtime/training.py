@@ -31,8 +31,8 @@ round's agreement admits it, and it takes the leader's global state, counts and 
 the server's model (`_enter_server`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
-local update (the part of `apply` not spent waiting or communicating); wait = barriers,
-state-server queries and time blocked on a sum still in flight; comm = the transfers on the
+local update (the part of `apply` not spent waiting or communicating); wait = barriers, queries
+of the mode's service and time blocked on a sum still in flight; comm = the transfers on the
 critical path; evaluation is kept apart, and the training time used for time-to-accuracy
 excludes it.
 """

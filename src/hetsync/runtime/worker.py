@@ -179,7 +179,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
     assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
                         group=group, channel_group=channel_group, collective=cfg.collective,
-                        timeout=cfg.timeout, state_server=(cfg.state_ip, cfg.state_port),
+                        timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
                         step_work=cfg.step_work, joining=join)
@@ -241,11 +241,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
             poster = _live_poster(cfg, run_dir, rank, name)
             state = loop.run(t0)
             # the leader: rank 0, or the lowest survivor once it was lost
-            if loop.leads and mode.comm.state_client is not None:  # launch or torchrun alike
-                traffic = mode.comm.state_client.traffic()
-                if traffic is not None:
-                    write_json_atomic(run_dir / "state-server.json", traffic)
             if loop.leads:
+                assembly.record_service(run_dir)  # (launch or torchrun alike)
                 wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
                 train_time = state.train_time(time.perf_counter())
                 if loop.snapshots is not None:  # deferred: by the evaluator, or now
@@ -279,13 +276,14 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
 
 
 def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
-    """`--live-report`: this worker's figures to the state server's live page."""
+    """`--live-report`: this worker's figures to the live board at -ip/-port."""
     if not cfg.live_report:
         return None
-    from hetsync.state import StateClient
+    from hetsync.services import JsonClient
     from hetsync.telemetry.live import LivePoster
 
-    client = StateClient(cfg.state_ip, cfg.state_port, timeout=5.0, retry_s=1.0)
+    client = JsonClient(cfg.service_ip, cfg.service_port, timeout=5.0, retry_s=1.0,
+                        what="live board")
     return LivePoster(run_dir, rank, client, run=name, nominal_speed=nominal_speed(
         cfg.batch_size, cfg.slowdown_of(rank), cfg.step_work)).start()
 

@@ -1,4 +1,4 @@
-"""A worker's connection to the state server: one keep-alive HTTP connection, JSON in and out.
+"""A worker's connection to ESync's state server (`hetsync.services.JsonClient`).
 
 `report_async` writes a report and returns at once; its answer is read when the worker needs it
 (ESync's "delayed ACK": the worker computes while the answer travels). No thread is involved,
@@ -7,100 +7,25 @@ so the request leaves when it is written, not when a thread gets the interpreter
 from __future__ import annotations
 
 import http.client
-import json
-import os
-import time
 from typing import Callable
 
+from hetsync.services import JsonClient, ServiceError, ServiceUnreachable
 from hetsync.state.policy import Decision
 
 
-class StateServerError(RuntimeError):
-    pass
+#: ESync's names for the service errors (a refusal; no answer within the retries)
+StateServerError, StateServerUnreachable = ServiceError, ServiceUnreachable
 
 
-class StateServerUnreachable(StateServerError):
-    """No answer within the retries (gone, restarting), as opposed to a refusal."""
-
-
-def valid_token(token: str) -> bool:
-    """A token travels in an HTTP header: printable ASCII, no spaces, at most 256."""
-    return 0 < len(token) <= 256 and all(33 <= ord(c) <= 126 for c in token)
-
-
-class StateClient:
-    """Talks to `hetsync state-server` at host:port; every attempt is bounded by `timeout`
-    seconds (its read by what is left of `retry_s`, at least `MIN_READ_S`). A server that
-    cannot be reached (it died, it is restarting) is tried again with exponential backoff for
-    `retry_s` seconds (default: `timeout`) before `StateServerError`: a restarted server
-    rebuilds its records from the workers' next reports.
-    `token`: the server's shared secret (default: `HETSYNC_TOKEN`, if set)."""
-
-    #: the shortest wait for an answer, however little of `retry_s` is left: a server that
-    #: is up answers well within it, even on a busy machine
-    MIN_READ_S = 1.0
+class StateClient(JsonClient):
+    """Talks to `hetsync state-server` at host:port (`JsonClient`: timeouts, retries and the
+    token): a restarted server rebuilds its records from the workers' next reports."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 10010, timeout: float = 30.0,
                  token: str | None = None, retry_s: float | None = None):
-        self.host, self.port, self.timeout = host, port, timeout
+        super().__init__(host, port, timeout, token, retry_s, what="state server")
         self.run: str | None = None  # the run every report names (`init`, or set by a worker)
         self.lost: list[int] = []    # ranks that run went on without (`init`, or a worker)
-        self.retry_s = timeout if retry_s is None else retry_s
-        token = token if token is not None else os.environ.get("HETSYNC_TOKEN") or None
-        if token is not None and not valid_token(token):
-            raise StateServerError("the state server's token (--token / HETSYNC_TOKEN) must be "
-                                   "1 to 256 printable ASCII characters without spaces")
-        self._auth = {} if token is None else {"Authorization": f"Bearer {token}"}
-        self._conn: http.client.HTTPConnection | None = None
-        #: how many times a request had to be tried again (a lost connection, a restart)
-        self.retries = 0
-
-    def _send(self, method: str, path: str, body: dict | None) -> None:
-        payload = None if body is None else json.dumps(body).encode()
-        headers = dict(self._auth)
-        if payload is not None:
-            headers["Content-Type"] = "application/json"
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        self._conn.request(method, path, body=payload, headers=headers)
-
-    def _request(self, method: str, path: str, body: dict | None = None, *,
-                 sent: bool = False, retry_s: float | None = None) -> dict:
-        """Send (unless `sent`) and read the answer; on a lost connection, send again (a
-        keep-alive connection may have been closed; the server may be restarting) with
-        backoff for `retry_s` seconds."""
-        end = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        pause = 0.05
-        while True:
-            try:
-                if not sent:
-                    self._send(method, path, body)
-                sent = False
-                # a server that accepts but does not answer (stopped) is waited for only as
-                # long as the caller would try one that refuses, not the whole `timeout`
-                self._conn.sock.settimeout(
-                    min(self.timeout, max(end - time.monotonic(), self.MIN_READ_S)))
-                response = self._conn.getresponse()
-                data = json.loads(response.read() or b"{}")
-            except (OSError, http.client.HTTPException, json.JSONDecodeError) as err:
-                self.close()
-                if time.monotonic() + pause > end:
-                    raise StateServerUnreachable(
-                        f"state server at {self.host}:{self.port} did not answer {method} "
-                        f"{path} ({type(err).__name__}: {err}); is `hetsync state-server` "
-                        f"running there (-ip/-port)?") from err
-                self.retries += 1
-                time.sleep(pause)
-                pause = min(2 * pause, 1.0)
-                continue
-            if response.status >= 400:
-                raise StateServerError(f"state server refused {method} {path}: "
-                                       f"{data.get('error', response.status)}")
-            return data
-
-    def wait_until_up(self, deadline_s: float = 30.0) -> dict:
-        """The server's `/healthz` answer (its process id among it), once it gives one."""
-        return self._request("GET", "/healthz", retry_s=deadline_s)
 
     def init(self, workers: int, epsilon: float | None = None, run: str | None = None,
              lost: list[int] | None = None, retry_s: float | None = None) -> None:
@@ -142,16 +67,12 @@ class StateClient:
                         None if time_left is None else float(time_left),
                         float(data.get("epsilon", 0.0)))
 
-    def progress(self, figures: dict) -> None:
-        """Post a worker's figures for the live page (`telemetry.live.LivePoster`)."""
-        self._request("POST", "/progress", figures)
-
     def status(self) -> dict:
         return self._request("GET", "/status")
 
     def traffic(self) -> dict | None:
         """The server's request and byte counts, the ranks its run goes on without, and the
-        last round each other rank reported (a run's `state-server.json`); None if it cannot
+        last round each other rank reported (a run's `service.json`); None if it cannot
         tell (gone)."""
         try:
             status = self._request("GET", "/status", retry_s=1.0)

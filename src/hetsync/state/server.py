@@ -58,7 +58,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.routing import Route
 from hetsync.config import MAX_WORKERS
 from hetsync.serving import ServerConfigError, Service, is_loopback
-from hetsync.state.client import valid_token
+from hetsync.services import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
 from hetsync.telemetry.live import PAGE, LiveBoard
 

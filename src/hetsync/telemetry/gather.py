@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 
 #: the files of a run directory that hold records (checkpoints and figures stay where they are)
-RECORDS = re.compile(r"^(run\.json|eval\.jsonl|ps\.jsonl|state-server\.json|config\.json|"
-                     r"worker-\d+\.jsonl)$")
+RECORDS = re.compile(r"^(run\.json|eval\.jsonl|ps\.jsonl|service\.json|state-server\.json|"
+                     r"config\.json|worker-\d+\.jsonl)$")
 
 
 class GatherError(ValueError):

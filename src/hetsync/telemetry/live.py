@@ -307,8 +307,8 @@ class LiveBoard:
         if run != self.run:
             if now - self.last_post < self.IDLE_S:
                 raise self.RunConflict(
-                    f"this state server's live page shows run {self.run!r}, which is still "
-                    f"posting, not run {run!r}: give every run its own state server")
+                    f"this live board shows run {self.run!r}, which is still posting, not "
+                    f"run {run!r}: give every run its own (-ip/-port)")
             self.__init__()
             self.run = run
         self.last_post = now
@@ -389,7 +389,7 @@ class LivePoster:
     def post(self) -> bool:
         """One post of the figures and of up to POINTS_PER_POST new points of each curve;
         whether points are left for the next."""
-        from hetsync.state.client import StateServerError
+        from hetsync.services import ServiceError
 
         self.watcher.update()
         info = self.watcher.run_info()
@@ -405,8 +405,8 @@ class LivePoster:
         sent = {"loss": len(self.watcher.loss),
                 "evaluated": self._sent["evaluated"] + len(evaluated)}
         try:
-            self.client.progress(body)
-        except StateServerError as err:
+            self.client.post("/progress", body)
+        except ServiceError as err:
             if not self._warned:
                 print(f"rank {self.rank}: live figures not posted ({err}); training goes on",
                       file=self.stream, flush=True)

@@ -10,8 +10,9 @@ A run directory holds:
   ``epoch_batches``), and the fields the mode adds (`Mode.round_record`);
 - ``eval.jsonl``: ``t, train_time, round, samples_seen, test_acc, test_loss``;
 - ``ps.jsonl`` (optional): cumulative ``{t, bytes_sent, bytes_recv}`` of the parameter server;
-- ``state-server.json`` (optional): ``{bytes_sent, bytes_recv, requests, lost, last_round}``
-  (``last_round``: by rank, the last round the server's run had a report of).
+- ``service.json`` (optional): the counts of the service the mode declares, ``{service,
+  bytes_sent, bytes_recv, requests, ...}`` (ESync's state server adds ``lost, last_round``:
+  by rank, the last round its run had a report of).
 
 A process that crashed may leave its last JSONL line half written: that line is skipped with a
 :class:`RunLogWarning`. Any other unreadable line is an error (:class:`RunLogError`) naming the
@@ -69,7 +70,7 @@ class RunLog:
 
     ``workers`` maps rank → its round records in file order; ``evals`` is sorted by
     ``train_time``; ``ps`` is the parameter server's cumulative byte records (empty when none
-    ran); ``state_server`` is ``state-server.json`` or ``None``.
+    ran); ``service`` is ``service.json`` or ``None``.
     """
 
     run_dir: Path
@@ -77,7 +78,7 @@ class RunLog:
     workers: dict[int, list[dict[str, Any]]]
     evals: list[dict[str, Any]] = field(default_factory=list)
     ps: list[dict[str, Any]] = field(default_factory=list)
-    state_server: dict[str, Any] | None = None
+    service: dict[str, Any] | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -196,8 +197,9 @@ def read_run(run_dir: str | Path) -> RunLog:
     if (run_dir / "ps.jsonl").is_file():
         ps = read_jsonl(run_dir / "ps.jsonl", ("bytes_sent",))
 
-    state_server = None
-    if (run_dir / "state-server.json").is_file():
-        state_server = _read_json(run_dir / "state-server.json")
+    service = None
+    for name in ("service.json", "state-server.json"):  # (the latter: before 2026-11-26)
+        if service is None and (run_dir / name).is_file():
+            service = _read_json(run_dir / name)
 
-    return RunLog(run_dir=run_dir, run=run, workers=workers, evals=evals, ps=ps, state_server=state_server)
+    return RunLog(run_dir=run_dir, run=run, workers=workers, evals=evals, ps=ps, service=service)

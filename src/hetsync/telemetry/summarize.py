@@ -111,13 +111,13 @@ def worker_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def traffic(
     workers: Mapping[int, Sequence[Mapping[str, Any]]],
     ps: Sequence[Mapping[str, Any]],
-    state_server: Mapping[str, Any] | None,
+    service: Mapping[str, Any] | None,
     wall_s: float,
 ) -> dict[str, Any]:
     """Bytes sent by every process, counted at the transport.
 
     - ``bytes_sent_total`` = Σ workers' bytes_sent + the parameter server's (last, cumulative
-      ``ps.jsonl`` record) + the state server's (``state-server.json``); ``bytes_recv_total``
+      ``ps.jsonl`` record) + the mode's service's (``service.json``); ``bytes_recv_total``
       likewise;
     - ``traffic_Bps`` = bytes_sent_total ÷ run wall time (bytes/s);
     - ``bytes_per_worker_round`` = Σ workers' bytes_sent ÷ Σ workers' number of rounds.
@@ -126,7 +126,7 @@ def traffic(
         return int(ps[-1].get(key) or 0) if ps else 0
 
     def server(key: str) -> int:
-        return int((state_server or {}).get(key) or 0)
+        return int((service or {}).get(key) or 0)
 
     w_sent = int(sum(float(r["bytes_sent"]) for records in workers.values() for r in records))
     w_recv = int(sum(float(r["bytes_recv"]) for records in workers.values() for r in records))
@@ -137,8 +137,8 @@ def traffic(
         "bytes_recv_total": w_recv + last("bytes_recv") + server("bytes_recv"),
         "bytes_sent_workers": w_sent,
         "bytes_sent_ps": last("bytes_sent"),
-        "bytes_sent_state_server": server("bytes_sent"),
-        "state_server_requests": (state_server or {}).get("requests"),
+        "bytes_sent_service": server("bytes_sent"),
+        "service_requests": (service or {}).get("requests"),
         "traffic_Bps": _ratio(sent, wall_s),
         "bytes_per_worker_round": _ratio(w_sent, rounds),
     }
@@ -218,7 +218,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "throughput_limit": limit,
         "utilisation": _ratio(throughput, limit) if throughput is not None and limit else None,
         "paused_s": wall - train_wall,
-        **traffic(log.workers, log.ps, log.state_server, train_wall),
+        **traffic(log.workers, log.ps, log.service, train_wall),
         "evaluations": len(evals),
         "ledger": run_ledger(log.workers),
         "metric": metric.key,
@@ -365,7 +365,7 @@ def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
     - ``elapsed_time_list``: ``int(round(t_end))``, seconds since the run started (ESync counted
       from its logger's creation);
     - ``aggregate_time_list``: ESync's ``global update``/``global aggregate`` time, rounded to
-      4 dp: comm_s + wait_s − query_s (blocking in the aggregation; state-server queries were
+      4 dp: comm_s + wait_s − query_s (blocking in the aggregation; the queries of its plan were
       ESync's separate ``check ready`` entry).
     """
     ranks = [log.rank_info(rank) for rank in sorted(log.workers)]
