@@ -1,12 +1,13 @@
 """The survivors' agreement after a lost worker (`runtime/membership.py`), on a real
 key-value store shared by threads that play the ranks (the groups and the whole run are
-tested with processes in test_checkpoint.py)."""
+tested with processes in test_checkpoint.py), and the state a joiner takes, in checked
+chunks."""
 
 import threading
 import time
 
 import pytest
-
+import torch
 import torch.distributed as dist
 
 from hetsync.comm.errors import CommError
@@ -221,3 +222,45 @@ def test_making_the_groups_gives_up_on_a_member_that_never_comes_long_before_the
     # every member there: made, and their collectives wait the timeout
     made = run_ranks(_make_groups, 3, [0, 1])[:2]
     assert [(outcome, timeout) for outcome, _, timeout in made] == [("made", 60.0)] * 2
+
+
+def _state_of_the_first(rank, world):
+    from hetsync.algorithms.base import CommContext
+
+    comm = CommContext(rank=rank, workers=world)
+    comm.STATE_CHUNK = 7  # (a chunk boundary inside the tensor, and a short last chunk)
+    state = (torch.arange(30, dtype=torch.float32) if rank == 0 else torch.zeros(30))
+    return comm.broadcast_state(state)
+
+
+@pytest.mark.slow
+def test_the_state_a_joiner_takes_arrives_whole_in_chunks_and_checked():
+    """`broadcast_state` (a joiner's, or the survivors' after a regroup) on real gloo
+    processes: every worker ends with the first worker's tensor, sent in chunks."""
+    from distributed import run_ranks
+
+    expected = torch.arange(30, dtype=torch.float32)
+    for got in run_ranks(_state_of_the_first, 3):
+        torch.testing.assert_close(got, expected)
+
+
+def test_a_state_that_arrives_other_than_sent_is_refused_naming_both_checksums():
+    """The checksum's rule alone: a chunk that arrived altered (here: a transport stand-in
+    that changes one value) fails the check against the first worker's CRC-32."""
+    import zlib
+
+    from hetsync.algorithms.base import CommContext
+
+    sent = torch.arange(10, dtype=torch.float32)
+    crc = zlib.crc32(sent.numpy().tobytes())
+
+    class Altered(CommContext):
+        def broadcast(self, tensor):
+            if tensor.dtype == torch.float64:  # the checksum, as the first worker sent it
+                return torch.tensor([crc], dtype=torch.float64)
+            out = sent.clone()
+            out[3] += 1.0
+            return out
+
+    with pytest.raises(CommError, match=f"sent with {crc:08x}"):
+        Altered(rank=1, workers=2).broadcast_state(torch.zeros(10))

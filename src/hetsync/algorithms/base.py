@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import time
+import zlib
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -184,6 +185,27 @@ class CommContext:
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast(on_wire, src=src, group=self.group)
         return on_wire.to(tensor.device)
+
+    #: the most elements one broadcast of `broadcast_state` carries (16 MB of float32)
+    STATE_CHUNK = 1 << 22
+
+    def broadcast_state(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`broadcast` of a state workers go on from (a joiner's, the survivors' after a
+        regroup): in chunks of at most `STATE_CHUNK` elements, then the first worker's CRC-32
+        of its bytes, checked on every worker (CommError naming both on a mismatch)."""
+        if self.workers == 1:
+            return tensor
+        flat = tensor.view(-1)
+        for part in flat.split(self.STATE_CHUNK):
+            part.copy_(self.broadcast(part))
+        mine = zlib.crc32(flat.detach().cpu().view(torch.uint8).numpy().tobytes())
+        first = int(self.broadcast(torch.tensor([mine], dtype=torch.float64)).item())
+        if mine != first:
+            from hetsync.comm.errors import CommError
+
+            raise CommError(f"the state broadcast arrived with CRC-32 {mine:08x}, sent with "
+                            f"{first:08x}", op="broadcast")
+        return tensor
 
     def regroup(self, members: list[int], group: dist.ProcessGroup | None,
                 channel_group: dist.ProcessGroup | None, generation: int) -> None:

@@ -190,13 +190,13 @@ class LocalRounds(Mode):
 
     def _take_leaders_global(self) -> None:
         """The leader's global weights, BatchNorm statistics, outer momentum and round, on
-        every member (one broadcast of the sizes, one of the values)."""
+        every member (one broadcast of the sizes, then the values in checked chunks)."""
         stats = self._global_stats if self._global_stats is not None else torch.zeros(0)
         buffer = momentum_buffer(self.outer)
         buffer = buffer if buffer is not None else torch.zeros(0)
         sizes = [self._global.numel(), stats.numel(), buffer.numel()]
         sizes = self.comm.broadcast(torch.tensor(sizes + [self.round], dtype=torch.float64))
-        state = self.comm.broadcast(
+        state = self.comm.broadcast_state(
             torch.cat([self._global, stats.to(self._global), buffer.to(self._global)])
             if self.comm.leads else self._global.new_zeros(int(sum(sizes[:3]))))
         weights, stats, buffer = state.split([int(n) for n in sizes[:3]])
