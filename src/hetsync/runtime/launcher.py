@@ -78,8 +78,9 @@ def _child_setup(cores: list[int] | None):
     return setup
 
 
-class _Terminated(Exception):
-    """SIGTERM reached the launcher: shut down as for Ctrl-C."""
+class _Terminated(BaseException):
+    """SIGTERM reached the launcher: shut down as for Ctrl-C (a BaseException, as
+    KeyboardInterrupt is: no `except Exception` on the way swallows it)."""
 
 
 def _raise_terminated(signum, frame):
