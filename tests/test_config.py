@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from hetsync.cli import build_parser, launch_config
-from hetsync.config import Config, ConfigError, config_from_args, flag_table, parser_for
+from hetsync.command_line import config_from_args, flag_table
+from hetsync.config import Config
+from hetsync.options import ConfigError, parser_for
 
 
 def _launch(*argv) -> Config:

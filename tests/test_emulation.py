@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from hetsync.cli import build_parser, launch_config
-from hetsync.config import Config, ConfigError
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.runtime import emulation as em
 from hetsync.telemetry.summarize import emulation_warnings
 

@@ -17,7 +17,9 @@ from hetsync.algorithms import Action, Mode, ModeSpec, Step, register, registry
 from hetsync.services import RunService
 from hetsync.algorithms.base import flatten, unflatten_into
 from hetsync.cli import build_parser
-from hetsync.config import Config, ConfigError, config_from_args
+from hetsync.command_line import config_from_args
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.runtime.launcher import launch
 from hetsync.telemetry.summarize import summarize
 

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from hetsync.config import Config, ConfigError
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.runtime.launcher import launch
 from hetsync.runtime.schedule import lr_factor, run_progress
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hetsync.config import Config, ConfigError
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.data import DataFormatError, DataNotFoundError, partition
 from hetsync.data.shakespeare import SUFFIX, VALIDATION, load_shakespeare
 from hetsync.data.text import Vocabulary

@@ -8,10 +8,10 @@ import os
 import sys
 
 import hetsync
-from hetsync.config import (TEXT_DATASETS, ArgumentParser, Config, ConfigError,
-                            add_config_arguments, check_host, config_from_args, parse_target,
-                            parse_epsilon_fraction, parse_listen_port, parse_restarts,
-                            parse_workers, unwritable_dir)
+from hetsync.command_line import (ArgumentParser, add_config_arguments, config_from_args,
+                                  parse_listen_port, parse_restarts, parse_workers)
+from hetsync.config import TEXT_DATASETS, Config, check_host, unwritable_dir
+from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
 #: local rate on 4 emulated workers of relative speeds 1, 1/2, 1/4, 1/8 (1.9 cores of work,
@@ -466,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _import_plugins(argv: list[str]) -> None:
     from hetsync.algorithms import registry
-    from hetsync.config import NAMED_PARSERS
+    from hetsync.options import NAMED_PARSERS
 
     for i, arg in enumerate(argv):
         if arg == "--plugin" and i + 1 < len(argv):

@@ -3,8 +3,9 @@
 `Config` holds the options common to every mode; a mode's own (ESync's `-ll -gl --epsilon
 --overlap`, DC-ASGD's `--dcasgd-lambda`, ...) live in its options dataclass beside the mode
 (`hetsync.algorithms.registry`), and a run's values for them in `Config.options`. The command
-line gets one flag per field of both, each field's metadata carrying its flags and help; a
-field's parser follows from its type (`X | None` accepts `none`).
+line (`hetsync.command_line`) gets one flag per field of both, each field's metadata carrying
+its flags and help; the parsers, the type checks and `ConfigError` are `hetsync.options`, below
+the modes.
 
 ESync's short flags keep their names and meaning (`-l -ll -gl -b -dd -g -c -n -ld -e -m -dcasgd
 -s -ip -port`); the rest are long flags. `Config.validate()` turns a bad value into a
@@ -14,19 +15,18 @@ shows a traceback for a user's mistake; an option of another mode is refused the
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import socket
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hetsync.data.datasets import DATASETS, TEXT_DATASETS
 from hetsync.data.partition import PARTITIONS
+from hetsync.options import ConfigError, check_types, invalid_option, is_a
 
 COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
@@ -48,10 +48,6 @@ MAX_SLOWDOWN = 1000.0
 PORTS = range(1, 65536)
 #: config keys of earlier versions (a run directory they wrote still resumes)
 RENAMED = {"state_ip": "service_ip", "state_port": "service_port"}
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration mistake: the message names the flag, value and valid range."""
 
 
 @dataclass
@@ -526,7 +522,7 @@ class Config:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
         for key in ("slowdowns", "plugins"):  # JSON lists; their items are checked below
             if isinstance(data.get(key), list):
-                data[key] = tuple(float(x) if key == "slowdowns" and _is_a(x, float) else x
+                data[key] = tuple(float(x) if key == "slowdowns" and is_a(x, float) else x
                                   for x in data[key])
         if not isinstance(data.get("options", {}), dict):
             raise ConfigError(f"config key 'options' must be an object, got "
@@ -555,51 +551,6 @@ class Config:
             return cls.from_dict(data)
         except ConfigError as err:
             raise ConfigError(f"config file {str(path)!r}: {err}") from None
-
-
-def invalid_option(options, name: str, valid: str) -> ConfigError:
-    """The error for a bad value of field `name` of `options` (a mode's options dataclass, or
-    a Config): its flags, its value, what would be valid."""
-    f = next(f for f in dataclasses.fields(options) if f.name == name)
-    return ConfigError(f"{'/'.join(f.metadata['flags'])}: invalid value "
-                       f"{getattr(options, name)!r}; expected {valid}")
-
-
-def _is_a(value: Any, kind: Any) -> bool:
-    """Whether `value` is of type `kind` as a field's type says (bool is not a number here)."""
-    args = typing.get_args(kind)
-    if type(None) in args:
-        return value is None or any(_is_a(value, a) for a in args if a is not type(None))
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind in (int, float):
-        return (isinstance(value, (int, float) if kind is float else int)
-                and not isinstance(value, bool))
-    if kind is str:
-        return isinstance(value, str)
-    if typing.get_origin(kind) is tuple:
-        return isinstance(value, tuple) and all(_is_a(v, args[0]) for v in value)
-    return True  # a type no flag gives (options): not checked here
-
-
-def _type_name(kind: Any) -> str:
-    args = typing.get_args(kind)
-    if type(None) in args:
-        return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
-    if typing.get_origin(kind) is tuple:
-        return f"a list of {_type_name(args[0]).split(' ', 1)[1]}s"
-    return {bool: "true or false", int: "an integer", float: "a number",
-            str: "a string"}.get(kind, str(kind))
-
-
-def check_types(obj) -> None:
-    """ConfigError naming the first field of dataclass `obj` (a Config, a mode's options)
-    whose value is not of the field's type: a config file or the Python API can hold any
-    value, the command line only what the field's parser makes."""
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        if f.metadata.get("flags") and not _is_a(getattr(obj, f.name), hints[f.name]):
-            raise invalid_option(obj, f.name, _type_name(hints[f.name]))
 
 
 def unwritable_dir(path: str | Path) -> str | None:
@@ -633,242 +584,3 @@ def check_host(flag: str, host: str, *, listen: bool = False) -> None:
                 raise ConfigError(f"{flag}: invalid value {host!r}; expected an IPv4 address "
                                   f"of this machine to listen on ({err.strerror or err})"
                                   ) from None
-
-
-# ---------------------------------------------------------------------- command line
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser, but a bad flag is one line: `PROG: error: MESSAGE`, without the
-    usage (tens of lines for launch and bench, hiding the one that matters); exit code 2."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _bounded_int(low: int, high: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected {what} in "
-                                             f"{low}..{high}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"invalid value {value}; expected {what} in "
-                                             f"{low}..{high}")
-        return value
-    return parse
-
-
-#: the services' flags (Config's own -port and --workers are checked by validate() against
-#: the same bounds).
-parse_port = _bounded_int(PORTS.start, PORTS.stop - 1, "a TCP port")
-#: a port to listen on: 0 asks the system for any free one
-parse_listen_port = _bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one)")
-parse_workers = _bounded_int(1, MAX_WORKERS, "a number of workers")
-parse_restarts = _bounded_int(0, 100, "a number of restarts")
-
-
-def parse_target(text: str) -> float:
-    """A target of a run's figure of merit (summarize's --targets, plot's --target): a finite
-    number > 0; whether it is an accuracy in (0, 1] is checked against the run's metric."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected an accuracy in "
-                                         f"(0, 1] or a loss > 0")
-    return value
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected 0 or 1, got {text!r}")
-
-
-def _parse_floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers such as 1,2,4,8, got {text!r}") from None
-
-
-def _parse_names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def parse_epsilon(text: str) -> float | None:
-    """`auto` (None) or a number."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
-
-
-def parse_epsilon_fraction(text: str) -> float | None:
-    """`auto` (None) or a fraction in (-1, 1): a service's --epsilon (ESync's planning
-    margin; ESync's own --epsilon is checked with its options, ESyncOptions.validate)."""
-    value = parse_epsilon(text)
-    if value is not None and not -1 < value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected auto or a "
-                                         f"fraction in (-1, 1)")
-    return value
-
-
-def _optional(kind):
-    def parse(text: str):
-        return None if text.strip().lower() in ("", "none") else kind(text)
-    return parse
-
-
-#: Parsers named by a field's `parser` metadata (where its type alone does not say).
-def _parse_delay(text: str) -> str:
-    from hetsync.runtime.heterogeneity import parse_delay
-
-    try:
-        parse_delay(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (0.32) or a multiple of the step "
-                                         f"(4x), got {text!r}") from None
-    return text.strip().lower()
-
-
-NAMED_PARSERS = {"epsilon": parse_epsilon, "names": _parse_names, "delay": _parse_delay}
-_TYPE_PARSERS = {int: int, float: float, str: str, bool: _parse_bool,
-                 tuple[float, ...]: _parse_floats, tuple[str, ...]: _parse_names}
-
-
-def parser_for(f: dataclasses.Field, hints: dict[str, Any]):
-    """The command-line parser of dataclass field `f` (`hints`: its class's resolved types):
-    its `parser` metadata, else its type; `X | None` accepts `none` too."""
-    if "parser" in f.metadata:
-        return NAMED_PARSERS[f.metadata["parser"]]
-    kind = hints[f.name]
-    args = typing.get_args(kind)
-    if type(None) in args and len(args) == 2:
-        inner = next(a for a in args if a is not type(None))
-        return _optional(_TYPE_PARSERS[inner])
-    try:
-        return _TYPE_PARSERS[kind]
-    except KeyError:
-        raise TypeError(f"field {f.name!r}: no command-line parser for type {kind}; give "
-                        f"metadata['parser'] one of {sorted(NAMED_PARSERS)}") from None
-
-
-def _shown(default: Any) -> str:
-    if isinstance(default, tuple):
-        return ",".join(map(str, default))
-    return str(default)
-
-
-def _with_default(help_text: str, default: Any) -> str:
-    """`help_text`, with its default appended unless the text states it already."""
-    return help_text if "(default:" in help_text else f"{help_text} (default: {_shown(default)})"
-
-
-def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
-    """(field, default, modes) of every registered mode option, one per field (a field of an
-    options class that several modes share, or inherit, is listed once, with all of them)."""
-    from hetsync.algorithms import registry
-
-    seen: dict[tuple[str, str], list] = {}
-    for spec in registry.specs():
-        for f in spec.option_fields():
-            key = registry.option_key(spec.options, f)
-            if key in seen:
-                seen[key][2].append(spec.name)
-            else:
-                seen[key] = [f, getattr(spec.options(), f.name), [spec.name], spec.options]
-    return [(f, default, tuple(modes)) for f, default, modes, _ in seen.values()]
-
-
-OPTION_PREFIX = "option."
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None) -> None:
-    """One flag per Config field and per registered mode option.
-
-    Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
-    `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
-    """
-    from hetsync.algorithms import registry
-
-    defaults = defaults or Config()
-    hints = typing.get_type_hints(Config)
-    for f in dataclasses.fields(Config):
-        if not f.metadata["flags"]:
-            continue
-        help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
-        parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
-                            default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=_with_default(help_text, getattr(defaults, f.name)))
-    add_option_arguments(parser)
-
-
-def add_option_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per registered mode option, in a group of their own; given values land in
-    the namespace as `option.--LONG-FLAG` (two modes' options may share a field name, never a
-    flag: see `given_options`)."""
-    from hetsync.algorithms import registry
-
-    group = parser.add_argument_group("mode options (each applies to the modes named)")
-    for f, default, modes in option_flags():
-        owner = registry.get(modes[0]).options
-        shown = "auto" if default is None and f.metadata.get("parser") == "epsilon" else default
-        group.add_argument(*f.metadata["flags"], dest=OPTION_PREFIX + f.metadata["flags"][-1],
-                           type=parser_for(f, typing.get_type_hints(owner)),
-                           default=argparse.SUPPRESS, metavar=f.name.upper(),
-                           help=_with_default(f"[{', '.join(modes)}] {f.metadata['help']}",
-                                              shown))
-
-
-def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
-    """The mode options given on the command line, as `spec`'s field names; ConfigError
-    naming a flag that is not one of `spec`'s options."""
-    fields = {flag: f.name for f in spec.option_fields() for flag in f.metadata["flags"]}
-    options = {}
-    for dest, value in vars(args).items():
-        if dest.startswith(OPTION_PREFIX):
-            flag = dest[len(OPTION_PREFIX):]
-            if flag not in fields:
-                owner = [(f, modes) for f, _, modes in option_flags()
-                         if flag in f.metadata["flags"]]
-                shown = "/".join(owner[0][0].metadata["flags"]) if owner else flag
-                modes = [m for _, ms in owner for m in ms]
-                raise ConfigError(f"{shown}: is an option of mode{'s' * (len(modes) > 1)} "
-                                  f"{', '.join(modes)}, not of -m {mode}")
-            options[fields[flag]] = value
-    return options
-
-
-def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
-    """`base` (default: Config()) with every flag given on the command line laid over it."""
-    base = base or Config()
-    names = {f.name for f in dataclasses.fields(Config)}
-    given = {k: v for k, v in vars(args).items() if k in names}
-    if given.get("time_budget") is not None and "epochs" not in given:
-        given["epochs"] = None  # a time budget given alone is the stopping rule
-    cfg = dataclasses.replace(base, **given)
-    options = given_options(args, cfg.spec, cfg.mode)
-    return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
-
-
-def flag_table() -> list[tuple[str, str, str, str]]:
-    """(short, long, default, help) for every option: the README's flag table."""
-    rows = []
-    for f in dataclasses.fields(Config):
-        flags = f.metadata["flags"]
-        if flags:
-            rows.append((flags[0] if len(flags) == 2 else "", flags[-1],
-                         _shown(getattr(Config(), f.name)), f.metadata["help"]))
-    for f, default, modes in option_flags():
-        flags = f.metadata["flags"]
-        rows.append((flags[0] if len(flags) == 2 else "", flags[-1], _shown(default),
-                     f"[{', '.join(modes)}] {f.metadata['help']}"))
-    return rows

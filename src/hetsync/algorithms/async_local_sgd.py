@@ -49,7 +49,7 @@ class AsyncLocalOptions(InnerStepsOptions, OuterOptions):
                 "the fastest (0/1; 0: H for every worker) (default: 1)"})
 
     def validate(self) -> "AsyncLocalOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         self.validate_outer()
         self.validate_inner()

@@ -39,7 +39,7 @@ class AsyncOptions:
         "flags": ("--dcasgd-lambda",), "help": "DC-ASGD variance-control lambda"})
 
     def validate(self) -> "AsyncOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if not 0 <= self.dcasgd_lambda < float("inf"):
             raise invalid_option(self, "dcasgd_lambda", "a number >= 0")

@@ -137,7 +137,7 @@ class PostLocalOptions:
                                                  "averaging first"})
 
     def validate(self) -> "PostLocalOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if self.period < 1:
             raise invalid_option(self, "period", "an integer >= 1")

@@ -38,7 +38,7 @@ class InnerStepsOptions:
                 "device's steps per round of ESync on the 1, 2, 4, 8 cluster)"})
 
     def validate_inner(self) -> None:
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if not 1 <= self.inner_steps <= 1_000_000:
             raise invalid_option(self, "inner_steps", "an integer in 1..1000000")

@@ -54,7 +54,7 @@ class EagerOptions:
 
     def validate(self) -> "EagerOptions":
         from hetsync.comm.partial import DIVISORS
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if self.sync_every is not None and self.sync_every < 0:
             raise invalid_option(self, "sync_every", "an integer >= 0 (0: never)")

@@ -94,7 +94,7 @@ class ESyncOptions(OuterOptions):
                 "0; esync-outer on a non-IID partition: 4)"})
 
     def validate(self) -> "ESyncOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         self.validate_outer()
         if self.local_lr is not None and not (0 < self.local_lr < float("inf")):

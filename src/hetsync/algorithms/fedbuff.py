@@ -41,7 +41,7 @@ class FedBuffOptions(InnerStepsOptions, OuterOptions):
         "help": "K: deltas buffered per server step"})
 
     def validate(self) -> "FedBuffOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         self.validate_outer()
         self.validate_inner()

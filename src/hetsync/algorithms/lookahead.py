@@ -45,7 +45,7 @@ class LookaheadOptions:
         "help": "outer Nesterov momentum (default: 0.9, DiLoCo's; 0: Lookahead)"})
 
     def validate(self) -> None:
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if not 1 <= self.lookahead_steps <= 1_000_000:
             raise invalid_option(self, "lookahead_steps", "an integer in 1..1000000")

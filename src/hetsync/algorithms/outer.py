@@ -44,7 +44,7 @@ class OuterOptions:
                 "0.9 for esync-outer, diloco, async-local-sgd)"})
 
     def validate_outer(self) -> None:
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if self.global_lr is not None and not 0 < self.global_lr < float("inf"):
             raise invalid_option(self, "global_lr", "a finite number > 0")

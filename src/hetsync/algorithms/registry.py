@@ -49,7 +49,7 @@ class ModeSpec:
         summary: one line for ``--help``, the README and the bench's notes.
         options: the mode's own options, a dataclass whose fields carry ``flags`` and ``help``
             in their metadata (as :class:`hetsync.config.Config`'s) and that may have a
-            ``validate()`` raising :class:`hetsync.config.ConfigError`; ``None``: no options.
+            ``validate()`` raising :class:`hetsync.options.ConfigError`; ``None``: no options.
         server_rule: ``(weights, lr, options, layout, workers) -> ServerRule`` for the
             parameter server's asynchronous requests (``layout``: the
             :class:`~hetsync.compression.Layout` of the flat weights' layers; ``workers``: how

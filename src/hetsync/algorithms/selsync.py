@@ -70,7 +70,7 @@ class SelSyncOptions:
                                                    "averages: parameters or gradients"})
 
     def validate(self) -> "SelSyncOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if not 0 <= self.delta < float("inf"):
             raise invalid_option(self, "delta", "a number >= 0")

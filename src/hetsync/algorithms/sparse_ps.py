@@ -54,7 +54,7 @@ class SparseOptions:
                                           "CLIP/sqrt(workers) (local gradient clipping)"})
 
     def validate(self) -> "SparseOptions":
-        from hetsync.config import invalid_option
+        from hetsync.options import invalid_option
 
         if self.density is not None and not 0 < self.density <= 1:
             raise invalid_option(self, "density", "a number in (0, 1]")

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..comm.collectives import ALGORITHMS
-from ..config import ArgumentParser, unwritable_dir
+from ..command_line import ArgumentParser
+from ..config import unwritable_dir
 
 DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
 DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks")

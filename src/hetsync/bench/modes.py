@@ -53,9 +53,11 @@ from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.metric import metric_of
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, NAMED_PARSERS,
-                            OPTIMIZERS, OPTION_PREFIX, PARTITIONS, ArgumentParser, Config, ConfigError,
-                            add_option_arguments, given_options, unwritable_dir)
+from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_option_arguments,
+                                  given_options)
+from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, OPTIMIZERS,
+                            PARTITIONS, Config, unwritable_dir)
+from hetsync.options import NAMED_PARSERS, ConfigError
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")

@@ -49,7 +49,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from hetsync.config import MAX_SLOWDOWN, MAX_THREADS, Config, ConfigError
+from hetsync.config import MAX_SLOWDOWN, MAX_THREADS, Config
+from hetsync.options import ConfigError
 
 #: a device this much slower than the reference (or more) may share a core (the docstring)
 SHARE_AT = 3.0

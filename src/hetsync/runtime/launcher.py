@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from hetsync.config import Config, ConfigError
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 import hetsync
-from hetsync.config import Config, ConfigError
+from hetsync.config import Config
+from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
 from hetsync.runtime.emulation import nominal_speed

@@ -96,7 +96,7 @@ def start_server(workers: int) -> tuple[subprocess.Popen, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hetsync.config import ArgumentParser
+    from hetsync.command_line import ArgumentParser
 
     parser = ArgumentParser(prog="hetsync bench state", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20000)

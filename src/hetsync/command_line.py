@@ -1,0 +1,143 @@
+"""The command line above the modes: one flag per `Config` field and per registered mode
+option (their parsers from `hetsync.options`), laid over a base config (`config_from_args`);
+the one-line parser errors; the README's flag table."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from hetsync.config import MAX_WORKERS, PORTS, Config
+from hetsync.options import ConfigError, bounded_int, parser_for
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, but a bad flag is one line: `PROG: error: MESSAGE`, without the
+    usage (tens of lines for launch and bench, hiding the one that matters); exit code 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+#: the services' flags (Config's own -port and --workers are checked by validate() against
+#: the same bounds).
+parse_port = bounded_int(PORTS.start, PORTS.stop - 1, "a TCP port")
+#: a port to listen on: 0 asks the system for any free one
+parse_listen_port = bounded_int(0, PORTS.stop - 1, "a TCP port (0: any free one)")
+parse_workers = bounded_int(1, MAX_WORKERS, "a number of workers")
+parse_restarts = bounded_int(0, 100, "a number of restarts")
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def _with_default(help_text: str, default: Any) -> str:
+    """`help_text`, with its default appended unless the text states it already."""
+    return help_text if "(default:" in help_text else f"{help_text} (default: {_shown(default)})"
+
+
+def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
+    """(field, default, modes) of every registered mode option, one per field (a field of an
+    options class that several modes share, or inherit, is listed once, with all of them)."""
+    from hetsync.algorithms import registry
+
+    seen: dict[tuple[str, str], list] = {}
+    for spec in registry.specs():
+        for f in spec.option_fields():
+            key = registry.option_key(spec.options, f)
+            if key in seen:
+                seen[key][2].append(spec.name)
+            else:
+                seen[key] = [f, getattr(spec.options(), f.name), [spec.name], spec.options]
+    return [(f, default, tuple(modes)) for f, default, modes, _ in seen.values()]
+
+
+OPTION_PREFIX = "option."
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None) -> None:
+    """One flag per Config field and per registered mode option.
+
+    Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
+    `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
+    """
+    from hetsync.algorithms import registry
+
+    defaults = defaults or Config()
+    hints = typing.get_type_hints(Config)
+    for f in dataclasses.fields(Config):
+        if not f.metadata["flags"]:
+            continue
+        help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
+        parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
+                            default=argparse.SUPPRESS, metavar=f.name.upper(),
+                            help=_with_default(help_text, getattr(defaults, f.name)))
+    add_option_arguments(parser)
+
+
+def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per registered mode option, in a group of their own; given values land in
+    the namespace as `option.--LONG-FLAG` (two modes' options may share a field name, never a
+    flag: see `given_options`)."""
+    from hetsync.algorithms import registry
+
+    group = parser.add_argument_group("mode options (each applies to the modes named)")
+    for f, default, modes in option_flags():
+        owner = registry.get(modes[0]).options
+        shown = "auto" if default is None and f.metadata.get("parser") == "epsilon" else default
+        group.add_argument(*f.metadata["flags"], dest=OPTION_PREFIX + f.metadata["flags"][-1],
+                           type=parser_for(f, typing.get_type_hints(owner)),
+                           default=argparse.SUPPRESS, metavar=f.name.upper(),
+                           help=_with_default(f"[{', '.join(modes)}] {f.metadata['help']}",
+                                              shown))
+
+
+def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
+    """The mode options given on the command line, as `spec`'s field names; ConfigError
+    naming a flag that is not one of `spec`'s options."""
+    fields = {flag: f.name for f in spec.option_fields() for flag in f.metadata["flags"]}
+    options = {}
+    for dest, value in vars(args).items():
+        if dest.startswith(OPTION_PREFIX):
+            flag = dest[len(OPTION_PREFIX):]
+            if flag not in fields:
+                owner = [(f, modes) for f, _, modes in option_flags()
+                         if flag in f.metadata["flags"]]
+                shown = "/".join(owner[0][0].metadata["flags"]) if owner else flag
+                modes = [m for _, ms in owner for m in ms]
+                raise ConfigError(f"{shown}: is an option of mode{'s' * (len(modes) > 1)} "
+                                  f"{', '.join(modes)}, not of -m {mode}")
+            options[fields[flag]] = value
+    return options
+
+
+def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
+    """`base` (default: Config()) with every flag given on the command line laid over it."""
+    base = base or Config()
+    names = {f.name for f in dataclasses.fields(Config)}
+    given = {k: v for k, v in vars(args).items() if k in names}
+    if given.get("time_budget") is not None and "epochs" not in given:
+        given["epochs"] = None  # a time budget given alone is the stopping rule
+    cfg = dataclasses.replace(base, **given)
+    options = given_options(args, cfg.spec, cfg.mode)
+    return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
+
+
+def flag_table() -> list[tuple[str, str, str, str]]:
+    """(short, long, default, help) for every option: the README's flag table."""
+    rows = []
+    for f in dataclasses.fields(Config):
+        flags = f.metadata["flags"]
+        if flags:
+            rows.append((flags[0] if len(flags) == 2 else "", flags[-1],
+                         _shown(getattr(Config(), f.name)), f.metadata["help"]))
+    for f, default, modes in option_flags():
+        flags = f.metadata["flags"]
+        rows.append((flags[0] if len(flags) == 2 else "", flags[-1], _shown(default),
+                     f"[{', '.join(modes)}] {f.metadata['help']}"))
+    return rows
