@@ -153,16 +153,26 @@ def test_a_mode_option_may_not_take_a_flag_every_run_has():
     assert "clashing" not in registry.names()
 
 
-@pytest.mark.slow
-def test_the_toy_mode_runs_through_launch(tmp_path, monkeypatch):
+def _on_path(monkeypatch) -> None:
+    """Every process of the run imports this file as a plugin."""
     tests = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cfg = Config(mode=TOY, plugins=("test_mode_registry",), options={"period": 3},
+
+
+def _launch_plugin(mode: str, tmp_path, monkeypatch) -> Path:
+    """`mode` (period 3) launched on 2 workers, 1 and 2, for 3 s."""
+    _on_path(monkeypatch)
+    cfg = Config(mode=mode, plugins=("test_mode_registry",), options={"period": 3},
                  dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
                  epochs=None, time_budget=3.0, eval_interval=1.0, timeout=30.0, lr=0.1,
                  log_dir=str(tmp_path))
-    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    return launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+
+
+@pytest.mark.slow
+def test_the_toy_mode_runs_through_launch(tmp_path, monkeypatch):
+    run_dir = _launch_plugin(TOY, tmp_path, monkeypatch)
     s = summarize(run_dir)
     assert s["complete"] and s["mode"] == TOY and s["final_accuracy"] > 0.5
     for rank in (0, 1):
@@ -176,14 +186,7 @@ def test_the_toy_mode_runs_through_launch(tmp_path, monkeypatch):
 def test_a_mode_with_a_service_of_its_own_runs_through_launch(tmp_path, monkeypatch):
     """launch starts the service the mode declares, hands its workers its port, and the
     leader records its counts in service.json: no other file knows of it."""
-    tests = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cfg = Config(mode=COUNTED, plugins=("test_mode_registry",), options={"period": 3},
-                 dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0),
-                 epochs=None, time_budget=3.0, eval_interval=1.0, timeout=30.0, lr=0.1,
-                 log_dir=str(tmp_path))
-    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    run_dir = _launch_plugin(COUNTED, tmp_path, monkeypatch)
     s = summarize(run_dir)
     assert s["complete"] and s["mode"] == COUNTED
     averages = sum(len((run_dir / f"worker-{r}.jsonl").read_text().splitlines())
@@ -248,9 +251,7 @@ def test_wrap_under_torchrun_without_a_process_group_says_so(monkeypatch):
 def test_the_toy_mode_runs_through_the_bench(tmp_path, monkeypatch):
     from hetsync.cli import main
 
-    tests = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [tests] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    _on_path(monkeypatch)
     results = tmp_path / "results"
     code = main(["bench", "--plugin", "test_mode_registry", "--modes", TOY, "--baselines", "",
                  "--reference", "", "--toy-period", "3", "--workers", "2", "--slowdowns", "1,2",
