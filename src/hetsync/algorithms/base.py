@@ -192,20 +192,21 @@ class CommContext:
     def broadcast_state(self, tensor: torch.Tensor) -> torch.Tensor:
         """`broadcast` of a state workers go on from (a joiner's, the survivors' after a
         regroup): in chunks of at most `STATE_CHUNK` elements, then the first worker's CRC-32
-        of its bytes, checked on every worker (CommError naming both on a mismatch)."""
+        of its bytes, checked on every worker; the verdict is summed over the workers, so
+        that every one raises the CommError (naming the sums where they differ), not one."""
         if self.workers == 1:
             return tensor
-        flat = tensor.view(-1)
+        flat = tensor.contiguous().view(-1)
         for part in flat.split(self.STATE_CHUNK):
             part.copy_(self.broadcast(part))
         mine = zlib.crc32(flat.detach().cpu().view(torch.uint8).numpy().tobytes())
         first = int(self.broadcast(torch.tensor([mine], dtype=torch.float64)).item())
-        if mine != first:
+        if self.barrier(torch.tensor([float(mine != first)])).item() > 0:
             from hetsync.comm.errors import CommError
 
-            raise CommError(f"the state broadcast arrived with CRC-32 {mine:08x}, sent with "
-                            f"{first:08x}", op="broadcast")
-        return tensor
+            raise CommError(f"the state broadcast arrived altered on a worker (CRC-32 here "
+                            f"{mine:08x}, sent {first:08x})", op="broadcast")
+        return flat.view(tensor.shape)
 
     def regroup(self, members: list[int], group: dist.ProcessGroup | None,
                 channel_group: dist.ProcessGroup | None, generation: int) -> None:

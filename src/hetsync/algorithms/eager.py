@@ -149,7 +149,8 @@ class EagerSGD(Mode):
                         for m, p in zip(momenta, params)]
         else:
             self.optimizer.state.clear()
-        unflatten_into(self.comm.broadcast(flatten([t.detach() for t in tensors])), tensors)
+        unflatten_into(self.comm.broadcast_state(flatten([t.detach() for t in tensors])),
+                       tensors)
         if head[0]:
             for p, m in zip(params, tensors[-len(params):]):
                 self.optimizer.state[p]["momentum_buffer"] = m
