@@ -27,6 +27,20 @@ def test_a_modes_options_come_from_its_own_flags():
     assert Config.from_dict(cfg.to_dict()) == cfg  # config.json keeps them
 
 
+def test_a_modes_options_are_parsed_once_and_held_until_what_they_come_from_changes():
+    cfg = _launch("-m", "esync-outer", "-gl", "0.5")
+    opts = cfg.mode_options()
+    assert cfg.validate().mode_options() is opts and cfg.effective_mode == "esync-outer"
+    cfg.options["global_lr"] = 0.25
+    assert cfg.mode_options() is not opts and cfg.mode_options().global_lr == 0.25
+    assert cfg.mode_options().overlap
+    cfg.partition = "class"  # esync-outer's defaults on non-IID data: blocking rounds
+    assert not cfg.mode_options().overlap and cfg.mode_options() is cfg.mode_options()
+    cfg.options["global_lr"] = "fast"  # a config file or the Python API can hold anything
+    with pytest.raises(ConfigError, match="-gl/--global-lr"):
+        cfg.mode_options()
+
+
 def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_otherwise():
     rounds = lambda *argv: (lambda o: (o.overlap, o.max_local_steps))(  # noqa: E731
         _launch(*argv).validate().mode_options())

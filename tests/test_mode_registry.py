@@ -16,7 +16,7 @@ from tiny import batch, gathered_parameters, linear_net, user_loop
 from hetsync.algorithms import Action, Mode, ModeSpec, Step, register, registry
 from hetsync.services import RunService
 from hetsync.algorithms.base import flatten, unflatten_into
-from hetsync.cli import build_parser
+from hetsync.cli import build_parser, main
 from hetsync.command_line import config_from_args
 from hetsync.config import Config
 from hetsync.options import ConfigError
@@ -143,14 +143,21 @@ def test_the_toy_mode_is_registered_with_its_option_flag():
                          Config(mode="sync"))
 
 
-def test_a_mode_option_may_not_take_a_flag_every_run_has():
-    @dataclass
-    class Clashing:
-        seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "mine"})
-
-    with pytest.raises(ValueError, match="option flag --seed is one of every run's"):
-        register(ModeSpec("clashing", PeriodicAveraging, "clashes", options=Clashing))
-    assert "clashing" not in registry.names()
+def test_a_plugin_mode_option_may_not_take_a_flag_every_run_has(tmp_path, monkeypatch, capsys):
+    (tmp_path / "clashing_plugin.py").write_text(
+        "from dataclasses import dataclass, field\n"
+        "from hetsync.algorithms import ModeSpec, register\n"
+        "from test_mode_registry import PeriodicAveraging\n"
+        "@dataclass\n"
+        "class Clashing:\n"
+        "    seed: int = field(default=0, metadata={'flags': ('--seed',), 'help': 'mine'})\n"
+        "register(ModeSpec('clashing', PeriodicAveraging, 'clashes', options=Clashing))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after
+    assert main(["launch", "--plugin", "clashing_plugin", "-m", "clashing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("hetsync: error: --plugin: mode 'clashing': option flag --seed is one of "
+                   "every run's (hetsync.config.Config)")
 
 
 def _on_path(monkeypatch) -> None:

@@ -4,7 +4,7 @@ ESync (local steps sized to the slowest worker's step, then averaged weight delt
 schemes it is measured against, over torch.distributed.
 """
 
-__version__ = "0.1.0"
+from hetsync._version import __version__
 
 
 def wrap(optimizer, model, mode: str = "esync", **kwargs):

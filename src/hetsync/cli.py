@@ -8,8 +8,9 @@ import os
 import sys
 
 import hetsync
-from hetsync.command_line import (ArgumentParser, add_config_arguments, config_from_args,
-                                  parse_listen_port, parse_restarts, parse_workers)
+from hetsync.command_line import (ArgumentParser, add_config_arguments, check_option_flags,
+                                  config_from_args, parse_listen_port, parse_restarts,
+                                  parse_workers)
 from hetsync.config import TEXT_DATASETS, Config, check_host, unwritable_dir
 from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
 
@@ -36,7 +37,7 @@ def preflight(cfg: Config):
     rather than a worker's error relayed: every flag, the address of the mode's service (it
     is started on it), the GPU, and the data (found, readable, one batch for every worker).
     Returns the data."""
-    from hetsync.runtime.worker import pick_device
+    from hetsync.runtime.devices import pick_device
 
     cfg.validate()
     if cfg.spec.service is not None and cfg.bandwidth is None:  # --bandwidth: the bridge's
@@ -473,6 +474,7 @@ def _import_plugins(argv: list[str]) -> None:
             registry.import_plugins(NAMED_PARSERS["names"](argv[i + 1]))
         elif arg.startswith("--plugin="):
             registry.import_plugins(NAMED_PARSERS["names"](arg.split("=", 1)[1]))
+    check_option_flags()
 
 
 def main(argv: list[str] | None = None) -> int:

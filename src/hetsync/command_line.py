@@ -57,6 +57,20 @@ def option_flags() -> list[tuple[dataclasses.Field, Any, tuple[str, ...]]]:
     return [(f, default, tuple(modes)) for f, default, modes, _ in seen.values()]
 
 
+def check_option_flags() -> None:
+    """ValueError naming the first registered mode whose option takes a flag every run has
+    (one of `Config`'s): the command line could not tell the two apart."""
+    from hetsync.algorithms import registry
+
+    common = {flag for f in dataclasses.fields(Config) for flag in f.metadata["flags"]}
+    for spec in registry.specs():
+        for f in spec.option_fields():
+            for flag in f.metadata["flags"]:
+                if flag in common:
+                    raise ValueError(f"mode {spec.name!r}: option flag {flag} is one of every "
+                                     f"run's (hetsync.config.Config)")
+
+
 OPTION_PREFIX = "option."
 
 

@@ -214,13 +214,21 @@ class Config:
 
     def mode_options(self):
         """The mode's options dataclass: its defaults, then its `non_iid_options` on a
-        non-IID partition, with `options` laid over them. ConfigError naming the flag of an
-        option the mode does not have."""
-        data = self.spec.non_iid_options if self.effective_partition in NON_IID else {}
-        try:
-            return self.spec.make_options({**data, **self.options})
-        except ValueError as err:
-            raise ConfigError(f"options: {err}") from None
+        non-IID partition, with `options` laid over them; type-checked and validated. Built
+        once and held until a field it depends on changes. ConfigError naming the flag of an
+        option the mode does not have, or of a bad value."""
+        key = (self.mode, self.plugins, self.effective_partition, repr(self.options))
+        held = self.__dict__.get("_held_options")
+        if held is None or held[0] != key:
+            data = self.spec.non_iid_options if self.effective_partition in NON_IID else {}
+            try:
+                held = key, self.spec.make_options({**data, **self.options})
+            except ConfigError:
+                raise
+            except ValueError as err:
+                raise ConfigError(f"options: {err}") from None
+            self.__dict__["_held_options"] = held
+        return held[1]
 
     @property
     def effective_partition(self) -> str:
@@ -288,11 +296,7 @@ class Config:
 
         check_types(self)
         spec = self.spec
-        options = self.mode_options()
-        if options is not None:
-            check_types(options)
-            if hasattr(options, "validate"):
-                options.validate()
+        self.mode_options()
         if self.network not in MODEL_NAMES:
             raise bad("network", f"one of {', '.join(MODEL_NAMES)}")
         if self.dataset not in DATASETS:

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hetsync._version import __version__
 from hetsync.algorithms import registry
 from hetsync.algorithms.base import Action, ControlPath, Step
 from hetsync.config import COLLECTIVES
@@ -112,8 +113,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              f"baseline: use it directly in your loop (hetsync.wrap's modes: "
                              f"{', '.join(registry.names(baseline=False))})")
         opts = spec.make_options(options)
-        if opts is not None and hasattr(opts, "validate"):
-            opts.validate()
         self.optimizer = optimizer  # (before Optimizer's state: the properties read it)
         self.__setstate__({"defaults": optimizer.defaults})  # hooks, as Optimizer.__init__
         spec.worker.check_optimizer(optimizer)
@@ -526,7 +525,7 @@ class RunRecorder:
                                                                self.ranks],
                        "options": {} if options is None else vars(options),
                        "source": "hetsync.wrap"},
-            "hetsync_version": hetsync_version(), "torch_version": torch.__version__,
+            "hetsync_version": __version__, "torch_version": torch.__version__,
             "python": sys.version.split()[0], "start_time": self.start_time,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "workers": workers, "ranks": self.ranks}
@@ -614,12 +613,6 @@ def _new_run_dir(log_dir, name: str | None, rank: int, store, prefix: str) -> Pa
     else:
         run = store.get(f"{prefix}/run-name").decode()
     return Path(log_dir) / run
-
-
-def hetsync_version() -> str:
-    from hetsync import __version__
-
-    return __version__
 
 
 def parameter_server_rank() -> int:

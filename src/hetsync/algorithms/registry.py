@@ -27,6 +27,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hetsync.options import check_types
 from hetsync.services import RunService
 
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
@@ -103,14 +104,21 @@ class ModeSpec:
                              f"{self.options!r}")
 
     def make_options(self, values: dict[str, Any] | None = None):
-        """The typed options from ``values`` (field name -> value); defaults for the rest.
-        ValueError naming a value that is not one of the mode's options."""
+        """The typed options from ``values`` (field name -> value), defaults for the rest,
+        type-checked and validated. ValueError naming a value that is not one of the mode's
+        options; ConfigError (a ValueError) naming the flag of a bad value."""
         known = [f.name for f in self.option_fields()]
         unknown = sorted(set(values or {}) - set(known))
         if unknown:
             raise ValueError(f"{', '.join(map(repr, unknown))} is not an option of mode "
                              f"{self.name}; its options: {', '.join(known) or 'none'}")
-        return None if self.options is None else self.options(**(values or {}))
+        if self.options is None:
+            return None
+        options = self.options(**(values or {}))
+        check_types(options)
+        if hasattr(options, "validate"):
+            options.validate()
+        return options
 
     def option_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.options) if self.options is not None else ()
@@ -143,22 +151,17 @@ _loaded = False
 
 def register(spec: ModeSpec) -> ModeSpec:
     """Add ``spec``; ValueError if its name is taken or one of its option flags is claimed by
-    another options class."""
+    another options class. (That a flag is not one of every run's is the command line's to
+    check: `hetsync.command_line.check_option_flags`.)"""
     old = _REGISTRY.get(spec.name)
     if old is not None and qualname(old.worker) != qualname(spec.worker):
         raise ValueError(f"mode {spec.name!r} is already registered "
                          f"(by {_REGISTRY[spec.name].worker.__module__})")
-    from hetsync.config import Config
-
     claimed = {flag: (s, option_key(s.options, f)) for s in _REGISTRY.values()
                if s.name != spec.name for f in s.option_fields()
                for flag in f.metadata["flags"]}
-    common = {flag for f in dataclasses.fields(Config) for flag in f.metadata["flags"]}
     for f in spec.option_fields():
         for flag in f.metadata["flags"]:
-            if flag in common:
-                raise ValueError(f"mode {spec.name!r}: option flag {flag} is one of every "
-                                 f"run's (hetsync.config.Config)")
             other, key = claimed.get(flag, (None, None))
             if other is not None and key != option_key(spec.options, f):
                 raise ValueError(f"mode {spec.name!r}: option flag {flag} is already an option "

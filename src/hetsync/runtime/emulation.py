@@ -233,7 +233,7 @@ def measure_step_work(cfg: Config, split, steps: int = 40, warmup: int = 5,
     `seconds` (at least 3 steps)."""
     import torch
 
-    from hetsync.runtime.worker import pick_device
+    from hetsync.runtime.devices import pick_device
 
     device = pick_device(cfg)
     threads = torch.get_num_threads()

@@ -24,6 +24,7 @@ from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
+from hetsync.runtime.devices import pick_device
 from hetsync.runtime.emulation import nominal_speed
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
@@ -39,19 +40,6 @@ def _env_int(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def pick_device(cfg: Config, local_rank: int = 0) -> torch.device:
-    """CPU unless -g names a GPU (and -c does not force the CPU)."""
-    if cfg.cpu or cfg.gpu < 0:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"-g/--gpu {cfg.gpu}: no CUDA device is available here; "
-                          f"use -g -1 (CPU) or -c 1")
-    index = cfg.gpu + (local_rank if os.environ.get("HETSYNC_GPU_PER_LOCAL_RANK") else 0)
-    if index >= torch.cuda.device_count():
-        raise ConfigError(f"-g/--gpu {cfg.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device("cuda", index)
 
 
 def default_run_name(cfg: Config) -> str:

@@ -1,0 +1,3 @@
+"""hetsync's version (pyproject.toml reads it from here)."""
+
+__version__ = "0.1.0"
