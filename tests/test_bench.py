@@ -1,5 +1,6 @@
 """`hetsync bench` and the PyTorch baselines (real processes, gloo on loopback; no timings)."""
 
+import dataclasses
 import json
 import os
 import threading
@@ -131,7 +132,6 @@ def test_runs_are_read_against_the_fastest_devices_best_recipe():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--workers", "0"], "--workers"),
     (["--reference", "adam"], "--reference"),
     (["--oversubscribe", "2"], "--oversubscribe"),
     (["--modes", "sync,nope"], "--modes"),
@@ -145,7 +145,8 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     assert exit_.value.code == 2 and flag in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, flag", [
+@pytest.mark.parametrize("argv, flag", [  # every run's Config validated as launch's
+    (["--workers", "0"], "--workers"),
     (["--workers", "4", "--slowdowns", "1,2"], "--slowdowns"),
     (["--epochs", "1", "--time-budget", "5"], "--epochs"),
     (["--modes", "", "--baselines", "", "--reference", ""], "--modes"),
@@ -161,7 +162,7 @@ def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv,
 def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     args = modes.build_parser().parse_args(["--dataset", "synthetic", "-n", "mlp",
                                             "--partition", "shared"])
-    base = modes.base_config(args, tmp_path)
+    base = modes.base_config(args)
     assert base.workers == 4 and base.slowdowns == (1, 2, 4, 8) and base.time_budget == 60
     runs = {label: modes.make_run(args, base, label, linear_scaling(label, 0.05, 4))
             for label in ("local", "sync", "esync", "ddp", "post-local-sgd")}
@@ -191,6 +192,23 @@ def test_plan_gives_every_run_the_same_cluster_and_its_fair_rate(tmp_path):
     assert (trial.time_budget, trial.epochs, trial.eval_every, trial.eval_interval) == \
         (60.0, None, 0, 60.0)
     assert trial.log_dir == str(tmp_path / "sweep") and trial.network == base.network
+
+
+def test_the_bench_builds_its_runs_from_launchs_flags():
+    """Every flag of launch but the few the bench sets per run is the bench's too, and
+    reaches every run as it would a launched one."""
+    bench_flags = {flag for action in modes.build_parser()._actions
+                   for flag in action.option_strings}
+    for f in dataclasses.fields(Config):
+        assert (set(f.metadata["flags"]) <= bench_flags) == (f.name not in modes.PER_RUN), f.name
+    args = modes.build_parser().parse_args(["--dataset", "synthetic", "-n", "mlp", "--epochs",
+                                            "2", "--momentum", "0.5", "--inject-alpha", "0.5",
+                                            "--workers", "2", "-gl", "0.7"])
+    base = modes.base_config(args)
+    assert (base.epochs, base.time_budget, base.slowdowns) == (2.0, None, (1.0, 2.0))
+    run = modes.make_run(args, base, "esync-outer", linear_scaling("esync-outer", 0.05, 2))
+    assert (run.cfg.momentum, run.cfg.inject_alpha, run.cfg.workers) == (0.5, 0.5, 2)
+    assert run.cfg.mode_options().global_lr == 0.7 and run.cfg.evaluator
 
 
 # ---------------------------------------------------------------------- real processes

@@ -74,8 +74,9 @@ def check_option_flags() -> None:
 OPTION_PREFIX = "option."
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None) -> None:
-    """One flag per Config field and per registered mode option.
+def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None,
+                         exclude: tuple[str, ...] = ()) -> None:
+    """One flag per Config field (but the fields in `exclude`) and per registered mode option.
 
     Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
     `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
@@ -85,12 +86,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
     defaults = defaults or Config()
     hints = typing.get_type_hints(Config)
     for f in dataclasses.fields(Config):
-        if not f.metadata["flags"]:
+        if not f.metadata["flags"] or f.name in exclude:
             continue
         help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
+        switch = {"nargs": "?", "const": True} if hints[f.name] is bool else {}  # bare: 1
         parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
                             default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=_with_default(help_text, getattr(defaults, f.name)))
+                            help=_with_default(help_text, getattr(defaults, f.name)), **switch)
     add_option_arguments(parser)
 
 
@@ -130,14 +132,18 @@ def given_options(args: argparse.Namespace, spec, mode: str) -> dict[str, Any]:
     return options
 
 
-def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
-    """`base` (default: Config()) with every flag given on the command line laid over it."""
-    base = base or Config()
+def given_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Config fields given on the command line (`add_config_arguments`'s flags)."""
     names = {f.name for f in dataclasses.fields(Config)}
     given = {k: v for k, v in vars(args).items() if k in names}
     if given.get("time_budget") is not None and "epochs" not in given:
         given["epochs"] = None  # a time budget given alone is the stopping rule
-    cfg = dataclasses.replace(base, **given)
+    return given
+
+
+def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:
+    """`base` (default: Config()) with every flag given on the command line laid over it."""
+    cfg = dataclasses.replace(base or Config(), **given_fields(args))
     options = given_options(args, cfg.spec, cfg.mode)
     return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
 

@@ -53,11 +53,10 @@ from hetsync.bench.lr import LrChoice, best_of_sweep, linear_scaling
 from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.metric import metric_of
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
-from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_option_arguments,
-                                  given_options)
-from hetsync.config import (COLLECTIVES, DATASETS, LR_SCHEDULES, MAX_SEED, OPTIMIZERS,
-                            PARTITIONS, Config, unwritable_dir)
-from hetsync.options import NAMED_PARSERS, ConfigError
+from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_config_arguments,
+                                  given_fields, given_options)
+from hetsync.config import MAX_SEED, Config, unwritable_dir
+from hetsync.options import ConfigError
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
@@ -71,6 +70,13 @@ RECIPES = {"sgd": ("local", {"optimizer": "sgd"}),
            "adamw": ("local", {"optimizer": "adamw"}),
            "lookahead": ("lookahead", {})}
 REFERENCE_PREFIX = "fastest-"
+#: every run's configuration before its mode, rate, seed and name (launch's flags laid over
+#: it): 4 workers (slowdowns 1, 2, 4, ... unless --slowdowns), 60 s of training time each, a
+#: cosine rate, evaluated every 2 s by a process of its own
+BENCH_DEFAULTS = Config(workers=4, epochs=None, time_budget=60.0, lr_schedule="cosine",
+                        eval_interval=2.0, evaluator=True)
+#: Config's fields the bench sets for each run (it stops at its budget, not at a target)
+PER_RUN = ("mode", "run_name", "target_acc", "target_loss", "live_report")
 
 
 # ---------------------------------------------------------------------- flags
@@ -116,40 +122,6 @@ def _positive(kind):
     return parse
 
 
-def _fraction(allow_zero: bool):
-    """A number in (0, 1], or [0, 1] with `allow_zero`."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a fraction, got {text!r}") from None
-        if not (0 < value <= 1 or (allow_zero and value == 0)):
-            raise argparse.ArgumentTypeError(
-                f"expected a number in {'[' if allow_zero else '('}0, 1], got {text!r}")
-        return value
-    return parse
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="hetsync bench",
@@ -166,87 +138,27 @@ def build_parser() -> argparse.ArgumentParser:
       help="single-device recipes trained on the cluster's fastest device, each a run "
       f"'{REFERENCE_PREFIX}RECIPE' that every run is read against; '' for none (default: "
       f"{','.join(RECIPES)})")
-    a("--workers", type=_positive(int), default=4, help="workers per run (default: 4)")
-    a("--slowdowns", type=_floats(0.0, what="factors >= 1"), default=None,
-      help="F1,F2,...: worker i runs Fi times slower (default: 1,2,4,... one per worker)")
-    a("-n", "--network", default="lenet", help="model (default: lenet)")
-    a("--dataset", default="fashion-mnist", choices=DATASETS,
-      help="data set (default: fashion-mnist)")
-    a("-dd", "--data-dir", default=None, help="data directory (default: the search order)")
-    a("--partition", default="iid", choices=PARTITIONS,
-      help="data partition of every run: iid (disjoint shards, as ESync), shared (every worker "
-      "draws from the whole set), class, dirichlet (default: iid)")
-    a("--dirichlet-alpha", type=_positive(float), default=0.5,
-      help="label skew of --partition dirichlet (default: 0.5; 0.1 is severe)")
-    a("--straggle-prob", type=_fraction(allow_zero=True), default=0.0,
-      help="random stragglers in every run: each step each worker sleeps --straggle-delay "
-      "with this probability (default: 0)")
-    a("--straggle-delay", default="4x", help="a straggler's delay: seconds, or a multiple of "
-      "its step such as 4x (default: 4x)")
-    a("--inject", action="store_true", help="data injection (with --partition class or "
-      "dirichlet): foreign-class samples in every batch, SelSync's")
-    a("--bandwidth", default=None, help="every run's ranks on emulated hosts behind links of "
-      "this rate both ways, e.g. 100mbit (needs root; default: loopback, unlimited)")
-    a("-b", "--batch-size", type=_positive(int), default=64,
-      help="mini-batch per worker (default: 64)")
-    a("--time-budget", type=_positive(float), default=None,
-      help="seconds of training time per run (default: 60 unless --epochs)")
-    a("--epochs", type=_positive(float), default=None,
-      help="instead of a time budget: epochs of data per run (all workers together)")
     a("--targets", type=_floats(0.0, what="targets"), default=None,
       help="targets for time-to-target: accuracies in (0, 1] (default: "
       f"{','.join(map(str, DEFAULT_TARGETS))}), validation losses for language modelling "
       f"(default: {','.join(map(str, DEFAULT_LOSS_TARGETS))})")
     a("--speedup-at", type=_positive(float), default=None,
       help="target at which speedup over sync is shown and plotted (default: the last)")
-    a("--optimizer", default="sgd", choices=OPTIMIZERS,
-      help="every run's local (inner) optimizer, as launch's (default: sgd; the reference "
-      "recipes sgd and nesterov keep sgd)")
-    a("--weight-decay", type=_non_negative_float, default=0.0,
-      help="weight decay of the local optimizer (default: 0)")
-    for flag, default, what in (("--context", 64, "characters per sample (text data sets)"),
-                                ("--n-layer", 4, "transformer blocks (gpt-char)"),
-                                ("--n-head", 4, "attention heads (gpt-char)"),
-                                ("--n-embd", 128, "width (gpt-char)")):
-        a(flag, type=_positive(int), default=default, help=f"{what} (default: {default})")
-    a("-l", "--lr", type=_positive(float), default=0.05,
-      help="base learning rate, scaled per mode by linear scaling (default: 0.05)")
-    a("--lr-schedule", default="cosine", choices=LR_SCHEDULES,
-      help="every run's local rate over its budget: constant, or cosine to --lr-final x "
-      "its rate (default: cosine, as launch)")
-    a("--lr-final", type=_fraction(allow_zero=True), default=0.0,
-      help="--lr-schedule cosine: the final rate as a fraction of the start (default: 0)")
     a("--lr-sweep", type=_floats(0.0, what="learning rates"), default=None,
       help="rates to try per mode for --sweep-budget s each; the best is used")
     a("--sweep-budget", type=_positive(float), default=20.0,
       help="seconds of training time per sweep run, evaluated at its end (default: 20)")
-    a("--collective", default="native", choices=COLLECTIVES,
-      help="aggregation of sync and esync (default: native)")
-    a("--eval-interval", type=_positive(float), default=2.0,
-      help="evaluate every S seconds of training time (default: 2)")
-    a("--threads", type=_positive(int), default=1, help="torch threads per worker (default: 1)")
-    a("--cores", type=_positive(int), default=None,
-      help="cores the emulated devices are fitted into (default: all of this process's)")
-    a("--oversubscribe", type=int, choices=(0, 1), default=0,
-      help="1: keep --slowdowns as given even where they do not fit the cores (default: 0)")
-    a("--timeout", type=_positive(float), default=120.0,
-      help="seconds before a silent peer is declared dead (default: 120)")
-    a("--seed", type=_non_negative_int, default=0, help="random seed (default: 0)")
     a("--repeats", type=_positive(int), default=1,
       help="runs per mode, seeds SEED..SEED+N-1; the table shows medians and ranges "
       "(default: 1)")
-    a("--plugin", dest="plugins", type=NAMED_PARSERS["names"], default=(),
-      help="M1,M2,...: modules that register modes, imported first in every run's processes "
-      "(as launch's --plugin)")
     a("--name", default=None, help="name of this bench (default: the date and time)")
-    a("-ld", "--log-dir", default="runs", help="where run directories go (default: runs)")
     a("--results-dir", default="results",
       help="where the table, JSON and figures go (default: results)")
     a("--quiet", action="store_true", help="no progress lines")
     a("--report", metavar="NAME", default=None,
       help="run nothing: write the table, JSON and figures of the earlier bench NAME again "
       "from its --results-dir JSON and run directories, at --targets/--speedup-at")
-    add_option_arguments(p)
+    add_config_arguments(p, BENCH_DEFAULTS, exclude=PER_RUN)
     return p
 
 
@@ -287,58 +199,43 @@ def entries(args) -> list[Entry]:
     return out
 
 
-def _check(args) -> None:
-    """Cross-flag checks; ConfigError names the flag."""
+def _check(args, base: Config) -> None:
+    """The bench's own checks (every run's Config is validated as launch's when the plan is
+    made); ConfigError names the flag."""
     if not args.modes and not args.baselines and not args.reference:
         raise ConfigError("--modes/--baselines/--reference: nothing to run (all are empty)")
-    if args.epochs is not None and args.time_budget is not None:
+    if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
-    if args.slowdowns is not None and len(args.slowdowns) != args.workers:
-        raise ConfigError(f"--slowdowns: {len(args.slowdowns)} factors for --workers "
-                          f"{args.workers}; give one per worker")
-    if args.slowdowns is not None and any(f < 1 for f in args.slowdowns):
-        raise ConfigError(f"--slowdowns: factors must be >= 1, got {args.slowdowns}")
     if args.name is not None and (not args.name or "/" in args.name or args.name in (".", "..")):
         raise ConfigError(f"--name: invalid value {args.name!r}; expected a plain file name")
-    if args.data_dir is not None and not Path(args.data_dir).is_dir():
-        raise ConfigError(f"-dd/--data-dir: {args.data_dir} is not a directory")
-    if args.seed + args.repeats - 1 > MAX_SEED:
-        raise ConfigError(f"--seed/--repeats: seeds {args.seed}..{args.seed + args.repeats - 1}"
+    if base.seed + args.repeats - 1 > MAX_SEED:
+        raise ConfigError(f"--seed/--repeats: seeds {base.seed}..{base.seed + args.repeats - 1}"
                           f"; expected seeds in 0..{MAX_SEED}")
-    for flag, path in (("-ld/--log-dir", args.log_dir), ("--results-dir", args.results_dir)):
+    for flag, path in (("-ld/--log-dir", base.log_dir), ("--results-dir", args.results_dir)):
         reason = unwritable_dir(path)
         if reason is not None:  # found before the runs, not after them
             raise ConfigError(f"{flag}: invalid value {path!r}; expected a directory this "
                               f"process can create or write into ({reason})")
-    if args.bandwidth is not None:
+    if base.bandwidth is not None:
         from hetsync.runtime.network import NetworkUnavailable, check_available, parse_rate
 
         try:
-            parse_rate(args.bandwidth)
+            parse_rate(base.bandwidth)
             check_available()
         except (ValueError, NetworkUnavailable) as err:
             raise ConfigError(f"--bandwidth: {err}") from None
 
 
-def base_config(args, log_dir: Path) -> Config:
-    slowdowns = args.slowdowns or tuple(float(2 ** i) for i in range(args.workers))
-    time_budget = None if args.epochs is not None else (args.time_budget or 60.0)
-    return Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
-                  partition=args.partition, dirichlet_alpha=args.dirichlet_alpha,
-                  lr_schedule=args.lr_schedule, lr_final=args.lr_final,
-                  batch_size=args.batch_size,
-                  straggle_prob=args.straggle_prob, straggle_delay=args.straggle_delay,
-                  inject=args.inject, bandwidth=args.bandwidth,
-                  workers=args.workers, slowdowns=slowdowns,
-                  collective=args.collective, seed=args.seed, threads=args.threads,
-                  timeout=args.timeout, eval_interval=args.eval_interval,
-                  time_budget=time_budget, cores=args.cores,
-                  oversubscribe=bool(args.oversubscribe), evaluator=True,
-                  epochs=args.epochs, log_dir=str(log_dir), lr=args.lr,
-                  optimizer=args.optimizer, weight_decay=args.weight_decay,
-                  context=args.context, n_layer=args.n_layer, n_head=args.n_head,
-                  n_embd=args.n_embd, plugins=tuple(args.plugins))
+def base_config(args) -> Config:
+    """Every run's configuration before its mode, rate, seed and name: `BENCH_DEFAULTS` with
+    the flags given laid over them, as launch lays them over its own."""
+    given = given_fields(args)
+    if "epochs" in vars(args):  # a budget of data instead of time
+        given["time_budget"] = None
+    cfg = dataclasses.replace(BENCH_DEFAULTS, **given)
+    return dataclasses.replace(cfg, slowdowns=cfg.slowdowns or tuple(
+        float(2 ** i) for i in range(cfg.workers)))
 
 
 def mode_options(args, spec) -> dict:
@@ -365,12 +262,13 @@ def make_run(args, base: Config, label: str, choice: LrChoice, mode: str | None 
     return Run(label, kind, choice, cfg)
 
 
-def fitted_base(base: Config, split) -> tuple[Config, list[str]]:
-    """`base` with its devices fitted into the cores and its reference step measured
-    (:mod:`hetsync.runtime.emulation`), and the lines that say so."""
+def fitted_base(base: Config, split, given_scale: bool) -> tuple[Config, list[str]]:
+    """`base` with its devices fitted into the cores (unless `given_scale`: --speed-scale's)
+    and its reference step measured (:mod:`hetsync.runtime.emulation`), and the lines that
+    say so."""
     from hetsync.runtime.emulation import fit_config, with_reference_step
 
-    base, fitted = fit_config(base, given_scale=False)
+    base, fitted = fit_config(base, given_scale)
     base, step = with_reference_step(base, split)
     return base, [line for line in (fitted and fitted.describe(), step) if line]
 
@@ -435,18 +333,17 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
 
 
 # ---------------------------------------------------------------------- the bench
-def _targets(args) -> tuple[list[float], float]:
+def _targets(args, dataset: str) -> tuple[list[float], float]:
     """The bench's targets (the speed-up one among them), ordered from the first reached to
-    the last, and the speed-up's; ConfigError for a target the data set's figure cannot
-    have."""
-    metric = metric_of(args.dataset)
+    the last, and the speed-up's; ConfigError for a target `dataset`'s figure cannot have."""
+    metric = metric_of(dataset)
     given = args.targets or (DEFAULT_TARGETS if metric.higher_is_better else DEFAULT_LOSS_TARGETS)
     speedup_at = args.speedup_at or given[-1]
     try:
         targets = sorted({metric.check_target(t) for t in (*given, speedup_at)},
                          reverse=not metric.higher_is_better)
     except ValueError as err:
-        raise ConfigError(f"--targets/--speedup-at: {err} ({args.dataset} is judged by its "
+        raise ConfigError(f"--targets/--speedup-at: {err} ({dataset} is judged by its "
                           f"{metric.label})") from None
     return targets, speedup_at
 
@@ -456,20 +353,24 @@ def bench(args, argv: list[str], stream=None) -> int:
     stream = stream or sys.stdout
     if args.report is not None:
         return report_again(args, stream)
-    _check(args)
+    base = base_config(args)
+    _check(args, base)
     name = args.name or time.strftime("%Y%m%d-%H%M%S")
-    root = Path(args.log_dir) / f"bench-{name}"
+    root = Path(base.log_dir) / f"bench-{name}"
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"--name {name}: {root} already exists and is not empty; "
                           f"choose another name")
-    base = base_config(args, root)
-    _targets(args)  # (refused before anything runs)
+    base = dataclasses.replace(base, log_dir=str(root))
+    _targets(args, base.dataset)  # (refused before anything runs)
     rows = entries(args)
+    # every run's config is valid, then has a batch for every worker, before anything runs
+    planned = [make_run(args, base, e.label, LrChoice(base.lr, "base"), mode=e.mode,
+                        **e.changes).cfg for e in rows]
     split = base.load_data()
-    for e in rows:  # every config is valid and has a batch for every worker before
-        make_run(args, base, e.label, LrChoice(args.lr, "base"), mode=e.mode,
-                 **e.changes).cfg.validate_data(split)  # anything runs
-    base, emulation = fitted_base(base, split)  # one fit and one reference step for all runs
+    for cfg in planned:
+        cfg.validate_data(split)
+    # one fit and one reference step for all runs
+    base, emulation = fitted_base(base, split, given_scale="speed_scale" in vars(args))
     train_size = len(split.train)
     del split
     load_before = os.getloadavg()
@@ -482,11 +383,11 @@ def bench(args, argv: list[str], stream=None) -> int:
     if args.lr_sweep:
         choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
-        choices = {e.label: e.rate(linear_scaling(e.mode, args.lr, base.workers,
-                                                  e.changes.get("optimizer", args.optimizer)))
+        choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, base.workers,
+                                                  e.changes.get("optimizer", base.optimizer)))
                    for e in rows}
     results = []
-    seeds = [args.seed + i for i in range(args.repeats)]
+    seeds = [base.seed + i for i in range(args.repeats)]
     plan = [(e, seed) for e in rows for seed in seeds]
     for k, (e, seed) in enumerate(plan, 1):
         run_name = e.label if args.repeats == 1 else f"{e.label}-seed{seed}"
@@ -498,8 +399,8 @@ def bench(args, argv: list[str], stream=None) -> int:
         results.append(out)
     machine = {**res.machine_info(), "load average before": res.load_text(load_before),
                "load average after": res.load_text(os.getloadavg())}
-    return report(args, name, command, [e.label for e in rows], results, _setup(args, base),
-                  machine, emulation, train_size, stream)
+    return report(args, base, name, command, [e.label for e in rows], results,
+                  _setup(args, base), machine, emulation, train_size, stream)
 
 
 def report_again(args, stream) -> int:
@@ -532,22 +433,22 @@ def report_again(args, stream) -> int:
     first = [n for n in doc.get("notes", [])
              if n.startswith(("emulated devices", "reference step"))]
     first.append(f"the table written again from the runs at other targets: `{again}`.")
-    return report(old, args.report, doc["command"], list(dict.fromkeys(r["label"] for r in runs)),
-                  results, doc["setup"], doc["machine"], first, train_size, stream,
-                  Path(args.results_dir))
+    return report(old, base_config(old), args.report, doc["command"],
+                  list(dict.fromkeys(r["label"] for r in runs)), results, doc["setup"],
+                  doc["machine"], first, train_size, stream, Path(args.results_dir))
 
 
-def report(args, name: str, command: str, labels: list[str], results: list[res.RunResult],
-           setup: dict, machine: dict, first_notes: list[str], train_size: int | None,
-           stream, results_dir: Path | None = None) -> int:
+def report(args, base: Config, name: str, command: str, labels: list[str],
+           results: list[res.RunResult], setup: dict, machine: dict, first_notes: list[str],
+           train_size: int | None, stream, results_dir: Path | None = None) -> int:
     """The bench's table (printed and in Markdown), JSON and figures from its runs'
-    results (`args`: the bench's flags; its targets are read here); `first_notes` lead the
-    notes (the emulation's lines)."""
+    results (`args`: the bench's flags, its targets read here; `base`: every run's config);
+    `first_notes` lead the notes (the emulation's lines)."""
     from hetsync.telemetry.plots import plot_runs
     from hetsync.telemetry.summarize import summarize
 
-    metric = metric_of(args.dataset)
-    targets, speedup_at = _targets(args)
+    metric = metric_of(base.dataset)
+    targets, speedup_at = _targets(args, base.dataset)
 
     def combined(targets):
         for r in results:  # again, with every target (and the speedup one)
@@ -565,7 +466,7 @@ def report(args, name: str, command: str, labels: list[str], results: list[res.R
 
     results_dir = results_dir or Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
-    notes = first_notes + _notes(args, table_rows, fastest, has_sync, speedup_at,
+    notes = first_notes + _notes(args, base, table_rows, fastest, has_sync, speedup_at,
                                machine["load average before"], machine["load average after"],
                                metric)
     figures = []
@@ -631,8 +532,8 @@ def _setup(args, base: Config) -> dict:
                                       if k.startswith(OPTION_PREFIX)) or "defaults"}
 
 
-def _notes(args, results, fastest, has_sync, speedup_at, load_before: str, load_after: str,
-           metric) -> list[str]:
+def _notes(args, base: Config, results, fastest, has_sync, speedup_at, load_before: str,
+           load_after: str, metric) -> list[str]:
     notes = [f"tta = training time until the first evaluation with {metric.label} "
              f"{'>=' if metric.higher_is_better else '<='} target (evaluation time excluded); "
              "— = not reached."]
@@ -660,7 +561,7 @@ def _notes(args, results, fastest, has_sync, speedup_at, load_before: str, load_
               (f"lr: best final {metric.short} of a {args.sweep_budget:g} s run at each of "
                + ",".join(f"{x:g}" for x in args.lr_sweep) + " per run."
                if args.lr_sweep else
-               f"lr: linear scaling of base {args.lr:g}: " + "; ".join(
+               f"lr: linear scaling of base {base.lr:g}: " + "; ".join(
                    f"{r.label} {r.lr_how}" for r in results) + "."),
               f"load average (1/5/15 min) {load_before} before, {load_after} after, on "
               f"{os.cpu_count()} CPUs."]
