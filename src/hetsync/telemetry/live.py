@@ -3,7 +3,8 @@
 `launch` serves it on loopback while the run goes on (`LivePage`, on `hetsync.serving`), from
 the run directory (`RunWatcher`). Across machines no directory holds every worker's records:
 workers started with `--live-report` post their own (`LivePoster`, reading the worker's own
-records) to the state server, which serves the same page at `/live/` (`LiveBoard`).
+records) to a live board (`LiveBoard`; `hetsync state-server` holds one), which serves the
+same page at `/live/`.
 
 - `GET /data` → JSON read from the run directory as it grows (only the new lines of each
   record file are read per request): per worker its device, rounds, local steps of its last
@@ -254,7 +255,7 @@ refresh(); setInterval(refresh, 1000);
 
 
 class LiveBoard:
-    """The page's figures as workers post them (the state server's `POST /progress`), for a
+    """The page's figures as workers post them (`POST /progress` of the server holding it), for a
     run across machines, where no one directory holds every worker's records.
 
     A post (`LivePoster`'s) carries the run's name, the worker's figures and its new curve
@@ -360,7 +361,7 @@ def _checked_points(points: Any, name: str, most: int) -> list[tuple[float, floa
 
 
 class LivePoster:
-    """Posts this worker's figures to the state server's live page (`--live-report`) every
+    """Posts this worker's figures to a live board's page (`--live-report`) every
     `interval` seconds, from a daemon thread that reads the worker's own records as they are
     written: training never waits for it. A server that does not answer costs a warning
     (once) and the figures of that post, not the run."""
