@@ -209,6 +209,8 @@ def test_the_bench_builds_its_runs_from_launchs_flags():
     run = modes.make_run(args, base, "esync-outer", linear_scaling("esync-outer", 0.05, 2))
     assert (run.cfg.momentum, run.cfg.inject_alpha, run.cfg.workers) == (0.5, 0.5, 2)
     assert run.cfg.mode_options().global_lr == 0.7 and run.cfg.evaluator
+    text = modes.base_config(modes.build_parser().parse_args(["--dataset", "shakespeare"]))
+    assert (text.network, text.optimizer, text.lr) == ("gpt-char", "adamw", 0.003)  # launch's
 
 
 # ---------------------------------------------------------------------- real processes

@@ -10,8 +10,8 @@ import sys
 import hetsync
 from hetsync.command_line import (ArgumentParser, add_config_arguments, check_option_flags,
                                   config_from_args, parse_listen_port, parse_restarts,
-                                  parse_workers)
-from hetsync.config import TEXT_DATASETS, Config, check_host, unwritable_dir
+                                  parse_workers, with_text_defaults)
+from hetsync.config import Config, check_host, unwritable_dir
 from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
@@ -76,22 +76,10 @@ def launch_config(args):
     if args.resume:
         _check_resumable(base, cfg, args.resume)
         return cfg, None
-    cfg = _text_defaults(cfg, given=vars(args))
+    cfg = with_text_defaults(cfg, given=vars(args))
     # the whole cluster is fitted, also when -m local then runs only its fastest device
     cfg, fitted = fit_config(cfg, given_scale="speed_scale" in vars(args))
     return _on_the_fastest_devices(cfg, given=vars(args)), fitted
-
-
-#: launch on a text data set, where these flags are not given: its model and optimizer
-TEXT_DEFAULTS = {"network": "gpt-char", "optimizer": "adamw", "lr": 0.003}
-
-
-def _text_defaults(cfg: Config, given: dict) -> Config:
-    """`--dataset shakespeare` alone trains the character transformer with AdamW (nanoGPT's
-    rate), not launch's LeNet and SGD."""
-    if cfg.dataset not in TEXT_DATASETS:
-        return cfg
-    return dataclasses.replace(cfg, **{k: v for k, v in TEXT_DEFAULTS.items() if k not in given})
 
 
 def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
@@ -180,7 +168,7 @@ def worker_config(args) -> Config:
             _resumed_config(args.resume) if args.resume else WORKER_DEFAULTS)
     cfg = config_from_args(args, base)
     if base is WORKER_DEFAULTS:  # (a config file already has launch's defaults)
-        cfg = _text_defaults(cfg, given=vars(args))
+        cfg = with_text_defaults(cfg, given=vars(args))
     cfg = cfg.validate()
     if args.resume:
         _check_resumable(_resumed_config(args.resume), cfg, args.resume)

@@ -9,7 +9,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from hetsync.config import MAX_WORKERS, PORTS, Config
+from hetsync.config import MAX_WORKERS, PORTS, TEXT_DATASETS, Config
 from hetsync.options import ConfigError, bounded_int, parser_for
 
 
@@ -139,6 +139,18 @@ def given_fields(args: argparse.Namespace) -> dict[str, Any]:
     if given.get("time_budget") is not None and "epochs" not in given:
         given["epochs"] = None  # a time budget given alone is the stopping rule
     return given
+
+
+#: on a text data set, where these flags are not given: its model and optimizer
+TEXT_DEFAULTS = {"network": "gpt-char", "optimizer": "adamw", "lr": 0.003}
+
+
+def with_text_defaults(cfg: Config, given: dict) -> Config:
+    """`--dataset shakespeare` alone trains the character transformer with AdamW (nanoGPT's
+    rate), not LeNet and SGD (launch's and the bench's)."""
+    if cfg.dataset not in TEXT_DATASETS:
+        return cfg
+    return dataclasses.replace(cfg, **{k: v for k, v in TEXT_DEFAULTS.items() if k not in given})
 
 
 def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Config:

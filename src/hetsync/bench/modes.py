@@ -54,7 +54,7 @@ from hetsync.bench.progress import RunProgress
 from hetsync.telemetry.metric import metric_of
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
 from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_config_arguments,
-                                  given_fields, given_options)
+                                  given_fields, given_options, with_text_defaults)
 from hetsync.config import MAX_SEED, Config, unwritable_dir
 from hetsync.options import ConfigError
 
@@ -233,7 +233,7 @@ def base_config(args) -> Config:
     given = given_fields(args)
     if "epochs" in vars(args):  # a budget of data instead of time
         given["time_budget"] = None
-    cfg = dataclasses.replace(BENCH_DEFAULTS, **given)
+    cfg = with_text_defaults(dataclasses.replace(BENCH_DEFAULTS, **given), vars(args))
     return dataclasses.replace(cfg, slowdowns=cfg.slowdowns or tuple(
         float(2 ** i) for i in range(cfg.workers)))
 
