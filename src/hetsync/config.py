@@ -340,8 +340,7 @@ class Config:
             raise bad("eval_interval", "a finite number of seconds > 0")
         if self.checkpoint_every < 0:
             raise bad("checkpoint_every", "an integer >= 0 (0: no checkpoints)")
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise bad("workers", f"an integer in 1..{MAX_WORKERS}")
+        self.check_cluster()
         if spec.max_workers is not None and self.workers > spec.max_workers:
             raise bad("workers", f"at most {spec.max_workers} with -m {self.mode}")
         if self.workers < spec.min_workers:
@@ -349,11 +348,6 @@ class Config:
         if not spec.collective and self.collective != "native":
             raise bad("collective", f"native with -m {self.mode} (it aggregates with its "
                                     "own transport)")
-        if self.slowdowns and len(self.slowdowns) != self.workers:
-            raise bad("slowdowns", f"{self.workers} comma-separated factors (one per worker)")
-        if any(not 1 <= f <= MAX_SLOWDOWN for f in self.slowdowns):
-            raise bad("slowdowns", f"factors in 1..{MAX_SLOWDOWN:g} (1 = full speed, 2 = half "
-                                   f"speed)")
         if not 1 <= self.speed_scale <= MAX_SLOWDOWN:
             raise bad("speed_scale", f"a factor in 1..{MAX_SLOWDOWN:g}")
         if any(f * self.speed_scale > MAX_SLOWDOWN for f in self.slowdowns):
@@ -430,6 +424,18 @@ class Config:
             return torch.optim.AdamW(params, lr=lr, weight_decay=self.weight_decay)
         return torch.optim.SGD(params, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
                                weight_decay=self.weight_decay)
+
+    def check_cluster(self) -> None:
+        """ConfigError naming --workers or --slowdowns where the emulated cluster is invalid
+        whatever the mode (the bench checks it also when it runs one-device modes alone)."""
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise invalid_option(self, "workers", f"an integer in 1..{MAX_WORKERS}")
+        if self.slowdowns and len(self.slowdowns) != self.workers:
+            raise invalid_option(self, "slowdowns",
+                                 f"{self.workers} comma-separated factors (one per worker)")
+        if any(not 1 <= f <= MAX_SLOWDOWN for f in self.slowdowns):
+            raise invalid_option(self, "slowdowns", f"factors in 1..{MAX_SLOWDOWN:g} (1 = full "
+                                                    f"speed, 2 = half speed)")
 
     def _check_optimizer(self) -> None:
         """The mode applies the local optimizer as given, or says why not (one line): e.g.

@@ -55,7 +55,7 @@ from hetsync.telemetry.metric import metric_of
 from hetsync.telemetry.summarize import SPEEDUP_BASELINE
 from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_config_arguments,
                                   given_fields, given_options, with_text_defaults)
-from hetsync.config import MAX_SEED, Config, unwritable_dir
+from hetsync.config import MAX_SEED, MAX_WORKERS, Config, unwritable_dir
 from hetsync.options import ConfigError
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
@@ -65,10 +65,11 @@ DEFAULT_TARGETS = (0.85, 0.88, 0.9)
 #: validation losses (nats per character) late enough to separate them on Shakespeare
 DEFAULT_LOSS_TARGETS = (2.2, 2.0, 1.9)
 #: what a user with one device would train with: recipe -> (mode, changes to its config)
-RECIPES = {"sgd": ("local", {"optimizer": "sgd"}),
+#: (a recipe sets its momentum: a bench's --momentum is for the cluster's runs)
+RECIPES = {"sgd": ("local", {"optimizer": "sgd", "momentum": 0.0, "nesterov": False}),
            "nesterov": ("local", {"optimizer": "sgd", "momentum": 0.9, "nesterov": True}),
-           "adamw": ("local", {"optimizer": "adamw"}),
-           "lookahead": ("lookahead", {})}
+           "adamw": ("local", {"optimizer": "adamw", "momentum": 0.0, "nesterov": False}),
+           "lookahead": ("lookahead", {"momentum": 0.0, "nesterov": False})}
 REFERENCE_PREFIX = "fastest-"
 #: every run's configuration before its mode, rate, seed and name (launch's flags laid over
 #: it): 4 workers (slowdowns 1, 2, 4, ... unless --slowdowns), 60 s of training time each, a
@@ -204,6 +205,7 @@ def _check(args, base: Config) -> None:
     made); ConfigError names the flag."""
     if not args.modes and not args.baselines and not args.reference:
         raise ConfigError("--modes/--baselines/--reference: nothing to run (all are empty)")
+    base.check_cluster()  # (also where only one-device runs would use it: their fastest)
     if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
@@ -234,8 +236,9 @@ def base_config(args) -> Config:
     if "epochs" in vars(args):  # a budget of data instead of time
         given["time_budget"] = None
     cfg = with_text_defaults(dataclasses.replace(BENCH_DEFAULTS, **given), vars(args))
-    return dataclasses.replace(cfg, slowdowns=cfg.slowdowns or tuple(
-        float(2 ** i) for i in range(cfg.workers)))
+    if cfg.slowdowns or not 1 <= cfg.workers <= MAX_WORKERS:  # (refused by `_check`)
+        return cfg
+    return dataclasses.replace(cfg, slowdowns=tuple(float(2 ** i) for i in range(cfg.workers)))
 
 
 def mode_options(args, spec) -> dict:
@@ -505,6 +508,8 @@ def report(args, base: Config, name: str, command: str, labels: list[str],
 
 
 def _setup(args, base: Config) -> dict:
+    scale_how = "given" if "speed_scale" in vars(args) else "the fit's"
+    step_how = "given" if "step_work" in vars(args) else "measured"
     budget = (f"{base.epochs:g} epochs of data" if base.epochs is not None
               else f"{base.time_budget:g} s of training time")
     return {"workers": base.workers,
@@ -520,8 +525,8 @@ def _setup(args, base: Config) -> dict:
                      f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "
                      "runs, range in parentheses; figures from the first seed)"),
             "threads per worker": base.threads,
-            "speed scale": f"{base.speed_scale:.4g} (every slowdown x this; the fit's)",
-            "reference step": (f"{1000 * base.step_work:.2f} ms (measured)"
+            "speed scale": f"{base.speed_scale:.4g} (every slowdown x this; {scale_how})",
+            "reference step": (f"{1000 * base.step_work:.2f} ms ({step_how})"
                                if base.step_work else "each device's own"),
             "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
                                   if base.straggle_prob else "none"),
