@@ -211,12 +211,12 @@ def test_the_bench_builds_its_runs_from_launchs_flags():
     assert (base.epochs, base.time_budget, base.slowdowns) == (2.0, None, (1.0, 2.0))
     run = modes.make_run(args, base, "esync-outer", linear_scaling("esync-outer", 0.05, 2))
     assert (run.cfg.momentum, run.cfg.inject_alpha, run.cfg.workers) == (0.5, 0.5, 2)
+    assert run.cfg.mode_options().global_lr == 0.7 and run.cfg.evaluator
     recipes = [e for e in modes.entries(args) if e.label.startswith(modes.REFERENCE_PREFIX)]
     for e in recipes:  # the fastest device's recipes keep their own momentum
         cfg = modes.make_run(args, base, e.label, e.rate(linear_scaling(e.mode, 0.05, 1)),
                              mode=e.mode, **e.changes).cfg
         assert cfg.momentum == (0.9 if e.label == "fastest-nesterov" else 0.0), e.label
-    assert run.cfg.mode_options().global_lr == 0.7 and run.cfg.evaluator
     text = modes.base_config(modes.build_parser().parse_args(["--dataset", "shakespeare"]))
     assert (text.network, text.optimizer, text.lr) == ("gpt-char", "adamw", 0.003)  # launch's
 
