@@ -41,6 +41,20 @@ def test_a_modes_options_are_parsed_once_and_held_until_what_they_come_from_chan
         cfg.mode_options()
 
 
+def test_a_modes_options_take_numpy_numbers_as_pythons_own():
+    import numpy as np
+
+    from hetsync.algorithms import registry
+
+    opts = registry.get("esync-outer").make_options(
+        {"global_lr": np.float32(0.5), "max_local_steps": np.int64(3),
+         "outer_momentum": np.float32(0.75)})
+    assert (opts.global_lr, opts.max_local_steps, opts.outer_momentum) == (0.5, 3, 0.75)
+    assert type(opts.global_lr) is float and type(opts.max_local_steps) is int
+    with pytest.raises(ConfigError, match=r"--inner-steps: .*8\.5\)?; expected an integer"):
+        registry.get("diloco").make_options({"inner_steps": np.float64(8.5)})
+
+
 def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_otherwise():
     rounds = lambda *argv: (lambda o: (o.overlap, o.max_local_steps))(  # noqa: E731
         _launch(*argv).validate().mode_options())

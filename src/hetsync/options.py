@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import numbers
 import typing
 from typing import Any
 
@@ -41,6 +42,23 @@ def is_a(value: Any, kind: Any) -> bool:
     if typing.get_origin(kind) is tuple:
         return isinstance(value, tuple) and all(is_a(v, args[0]) for v in value)
     return True  # a type no flag gives (options): not checked here
+
+
+def as_python_numbers(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` for dataclass `cls` with each number given for an int or float field as
+    Python's own (a NumPy scalar from a user's sweep, which `check_types` and `config.json`
+    would not take); anything else as it is, for `check_types` to judge."""
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for name, value in values.items():
+        kinds = set(typing.get_args(hints.get(name))) or {hints.get(name)}
+        if isinstance(value, (bool, int, float)):
+            continue
+        if int in kinds and isinstance(value, numbers.Integral):
+            out[name] = int(value)
+        elif float in kinds and isinstance(value, numbers.Real):
+            out[name] = float(value)
+    return out
 
 
 def _type_name(kind: Any) -> str:

@@ -27,7 +27,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hetsync.options import check_types
+from hetsync.options import as_python_numbers, check_types
 from hetsync.services import RunService
 
 _BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
@@ -114,7 +114,7 @@ class ModeSpec:
                              f"{self.name}; its options: {', '.join(known) or 'none'}")
         if self.options is None:
             return None
-        options = self.options(**(values or {}))
+        options = self.options(**as_python_numbers(self.options, values or {}))
         check_types(options)
         if hasattr(options, "validate"):
             options.validate()
