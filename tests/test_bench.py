@@ -49,6 +49,7 @@ def _check_trained(run_dir: Path, mode: str) -> dict:
 def test_linear_scaling_and_sweep_choice():
     assert linear_scaling("sync", 0.05, 4).lr == pytest.approx(0.2)
     assert linear_scaling("ddp", 0.05, 4).lr == pytest.approx(0.2)
+    assert linear_scaling("sync", 0.05, 1.875).lr == pytest.approx(0.09375)  # balanced
     for mode in ("esync", "post-local-sgd", "async", "dcasgd", "local"):
         assert linear_scaling(mode, 0.05, 4).lr == 0.05
     assert best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).lr == 0.1
@@ -155,6 +156,8 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     (["--modes", "", "--baselines", "", "--reference", ""], "--modes"),
     (["-n", "nonet"], "--network"),
     (["--targets", "1.5"], "--targets"),  # an accuracy above 1 (a loss would do for text)
+    (["--balanced-batches", "1"], "--modes/--baselines: async, dcasgd, ddp, post-local-sgd "
+                                  "weigh each worker's update alike"),
 ])
 def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv, flag):
     assert modes.main(argv + ["-ld", str(tmp_path)]) == 2

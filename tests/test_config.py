@@ -69,6 +69,47 @@ def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_oth
     assert Config.from_dict(cfg.to_dict()).mode_options() == cfg.mode_options()
 
 
+def test_balanced_batches_give_each_device_a_batch_in_proportion_to_its_speed():
+    from hetsync.runtime.emulation import nominal_speed
+
+    cfg = _launch("--balanced-batches", "1", "--speed-scale", "2.5", "--cores", "8",
+                  "--step-work", "0.004").validate()
+    ranks = range(cfg.workers)
+    assert [cfg.batch_of(r) for r in ranks] == [64, 32, 16, 8]  # slowdowns 1, 2, 4, 8
+    # every device keeps its speed: each step takes as long as the fastest's
+    for r in ranks:
+        assert cfg.slowdown_of(r) * cfg.step_work_of(r) == pytest.approx(2.5 * 0.004)
+        assert nominal_speed(cfg.batch_of(r), cfg.slowdown_of(r), cfg.step_work_of(r)) == \
+            pytest.approx(nominal_speed(64, cfg.slowdown_of(r), 0.004))
+    weights = [cfg.sample_weight_of(r) for r in ranks]
+    assert sum(weights) == pytest.approx(cfg.workers)
+    assert weights[0] / weights[3] == pytest.approx(8)
+    assert cfg.mode_options().weighting == "samples"  # esync-outer counts samples too
+    plain = _launch("--speed-scale", "2.5", "--cores", "8", "--step-work", "0.004").validate()
+    assert {(plain.batch_of(r), plain.sample_weight_of(r), plain.step_work_of(r))
+            for r in ranks} == {(64, 1.0, 0.004)}
+    assert plain.mode_options().weighting is None  # (esync-outer's own default: uniform)
+    odd = _launch("--balanced-batches", "1", "--slowdowns", "1,3", "--workers", "2",
+                  "-b", "11").validate()
+    assert [odd.batch_of(0), odd.batch_of(1)] == [11, 3]  # (3.67 rounded down: not slower)
+
+
+def test_a_balanced_batch_larger_than_its_workers_share_names_the_largest_that_fits():
+    from types import SimpleNamespace
+
+    import torch
+
+    cfg = _launch("--balanced-batches", "1", "--slowdowns", "1,2", "--workers", "2",
+                  "-b", "40").validate()
+    split = SimpleNamespace(name="tiny", train=SimpleNamespace(labels=torch.zeros(60).long()))
+    with pytest.raises(ConfigError, match=r"-b/--batch-size: invalid value 40; expected at "
+                       r"most 30 with --balanced-batches 1: worker 0's batch of 40 is more "
+                       r"than its share of tiny's training samples \(30\)"):
+        cfg.validate_data(split)
+    assert [len(s) for s in dataclasses.replace(cfg, batch_size=30).validate_data(split)] == \
+        [30, 30]
+
+
 def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
     cfg = _launch("-m", "local").validate()
     assert (cfg.workers, cfg.slowdowns) == (1, (1.0,))
@@ -95,6 +136,16 @@ def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
     (["--eval-interval", "nan"], "--eval-interval: invalid value nan; expected a finite"),
     (["--straggle-prob", "1.5"], "--straggle-prob: invalid value 1.5; expected a probability"),
     (["--inject", "1"], "--inject: invalid value True; expected 0 unless --partition is class"),
+    (["-m", "async", "--balanced-batches", "1"], "--balanced-batches: invalid value True; "
+                                                 "expected 0 with -m async: it weighs each"),
+    (["-m", "diloco", "--balanced-batches", "1", "--weighting", "uniform"],
+     "--weighting: invalid value 'uniform'; expected samples with --balanced-batches 1"),
+    (["--balanced-batches", "1", "--slowdowns", ""], "--balanced-batches: invalid value True; "
+                                                     "expected 0 without --slowdowns"),
+    (["--balanced-batches", "1", "--partition", "dirichlet"],
+     "--balanced-batches: invalid value True; expected 0 on --partition dirichlet"),
+    (["--balanced-batches", "1", "-b", "7"], "-b/--batch-size: invalid value 7; expected at "
+                                             "least 8 with --balanced-batches 1"),
     (["-m", "selsync", "--selsync-aggregate", "models"], "--selsync-aggregate: invalid value "
                                                          "'models'; expected parameters or"),
     (["-m", "eager-solo", "--eager-divide", "all"], "--eager-divide: invalid value 'all'"),

@@ -81,6 +81,27 @@ def test_esync_fast_worker_fills_the_slow_workers_step_and_sync_idles_it(tmp_pat
 
 
 @pytest.mark.slow
+def test_balanced_batches_keep_a_4x_slower_device_in_step_with_the_fast_one(tmp_path):
+    # sync, the second device 4x slower: it takes a quarter of the fast one's batch, so the
+    # two steps take about as long (unbalanced, 4x as long: the fast worker idles)
+    from hetsync.runtime.emulation import with_reference_step
+
+    cfg = Config(mode="sync", log_dir=str(tmp_path), time_budget=4.0, balanced_batches=True,
+                 batch_size=32, **{**SMALL, "network": "lenet", "slowdowns": (1.0, 4.0)})
+    cfg, _ = with_reference_step(cfg, cfg.load_data())  # (as `hetsync launch` does)
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    fast, slow = _records(run_dir, 0), _records(run_dir, 1)
+    assert {r["samples"] for r in fast} == {32} and {r["samples"] for r in slow} == {8}
+    assert _step_times(run_dir, 1) < 2 * _step_times(run_dir, 0), \
+        (_step_times(run_dir, 0), _step_times(run_dir, 1))
+    s = summarize(run_dir)
+    assert s["final_accuracy"] > 0.5
+    ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
+    assert [r["batch"] for r in ranks] == [32, 8]
+    assert ranks[0]["nominal_speed"] == pytest.approx(4 * ranks[1]["nominal_speed"])
+
+
+@pytest.mark.slow
 def test_on_non_iid_data_esync_outer_caps_its_rounds_at_4_local_steps(tmp_path):
     # worker 0 is 8x faster: 8 steps fit in worker 1's one, but a round ends after 4
     cfg = Config(mode="esync-outer", log_dir=str(tmp_path), time_budget=4.0, partition="class",

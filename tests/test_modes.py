@@ -155,29 +155,34 @@ def test_esync_with_control_variates_sums_every_workers_round_gradient():
                 torch.testing.assert_close(got, expected, msg=f"rank {rank}, round {r}: {name}")
 
 
-def _sync_step(rank, world):
+def _sync_step(rank, world, batches):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring"))
+    weight = world * batches[rank] / sum(batches)  # (Config.sample_weight_of)
+    algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring",
+                                                  sample_weight=weight))
     algo.setup()
-    _step(model, opt, rank)
+    x, y = _batch(rank, batches[rank])
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
     algo.perform(algo.decide(Step(0.0, 0.01)))
-    # Reference: one process, one SGD step on the mean of every worker's mean gradient.
+    # Reference: one process, one SGD step on the mean gradient over every worker's samples
+    # (with equal batches, the mean of the workers' mean gradients).
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     ref_opt.zero_grad()
-    loss = sum(torch.nn.functional.cross_entropy(ref(x), y)
-               for x, y in (_batch(r) for r in range(world))) / world
-    loss.backward()
+    xs, ys = zip(*(_batch(r, batches[r]) for r in range(world)))
+    torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
     ref_opt.step()
     return flatten(list(model.parameters())), flatten(list(ref.parameters()))
 
 
 @pytest.mark.slow
-def test_sync_step_equals_sgd_on_the_mean_gradient_of_all_workers():
-    for got, expected in run_ranks(_sync_step, 3):
+@pytest.mark.parametrize("batches", [(8, 8, 8), (8, 4, 2)], ids=["equal", "balanced"])
+def test_sync_step_equals_sgd_on_the_mean_gradient_over_every_workers_samples(batches):
+    for got, expected in run_ranks(_sync_step, 3, batches):
         torch.testing.assert_close(got, expected)
 
 

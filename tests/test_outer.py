@@ -46,6 +46,17 @@ def test_unequal_steps_are_weighted_as_each_rule_says():
         contribution(deltas[0], 1, "median")
 
 
+def test_samples_weighting_counts_each_workers_batch_where_batches_differ():
+    """--balanced-batches: τ_i counts steps × the worker's batch (relative to the others'),
+    so each delta counts by the samples behind it."""
+    deltas, steps, batches = _deltas(3), [8, 8, 4], [2.0, 1.0, 0.5]
+    summed = sum(contribution(d, s, "samples", b) for d, s, b in zip(deltas, steps, batches))
+    vec, scale = combine(summed, 3, "samples")
+    samples = [s * b for s, b in zip(steps, batches)]
+    torch.testing.assert_close(vec * scale, sum(n * d for n, d in zip(samples, deltas))
+                               / sum(samples))
+
+
 def test_nesterov_outer_step_is_torch_sgd_on_the_pseudo_gradient():
     w = torch.randn(20)
     ours, ref = w.clone(), torch.nn.Parameter(w.clone())

@@ -104,12 +104,13 @@ def _resumed_config(run_dir: str) -> Config:
 
 
 #: What a checkpoint's state depends on: a resumed run must keep them.
-RUN_DEFINING = ("mode", "network", "dataset", "workers", "batch_size", "partition",
-                "split_by_class", "dirichlet_alpha", "seed", "collective")
+RUN_DEFINING = ("mode", "network", "dataset", "workers", "batch_size", "balanced_batches",
+                "partition", "split_by_class", "dirichlet_alpha", "seed", "collective")
 
 
 def _check_resumable(saved: Config, cfg: Config, run_dir: str) -> None:
-    for name in RUN_DEFINING:
+    # (balanced batches follow the relative speeds: each sampler's position is in batches)
+    for name in RUN_DEFINING + (("slowdowns",) if saved.balanced_batches else ()):
         if getattr(cfg, name) != getattr(saved, name):
             raise ConfigError(f"--resume {run_dir}: {name.replace('_', '-')} "
                               f"{getattr(cfg, name)!r} differs from the run's "

@@ -72,7 +72,14 @@ class Config:
     n_embd: int = field(default=MODEL_SIZE["n_embd"], metadata={"flags": ("--n-embd",),
         "help": "gpt-char: width (a multiple of --n-head)"})
     batch_size: int = field(default=64, metadata={"flags": ("-b", "--batch-size"),
-                            "help": "mini-batch size per worker"})
+                            "help": "mini-batch size per worker (with --balanced-batches: "
+                                    "the fastest worker's)"})
+    balanced_batches: bool = field(default=False, metadata={"flags": ("--balanced-batches",),
+        "help": "each emulated device's batch in proportion to its speed (--slowdowns): -b "
+                "for the fastest, -b/F (rounded down) for one F times slower than it, so every "
+                "step takes as long; the sums count samples: sync's gradients, and the "
+                "local-step modes' deltas (--weighting samples); i.i.d. data only (LB-BSP) "
+                "(0/1)"})
     lr: float = field(default=0.05, metadata={"flags": ("-l", "--learning-rate"),
                       "help": "learning rate (of the mean gradient; sync, async, local; "
                               "ESync's local rate unless -ll)"})
@@ -214,13 +221,19 @@ class Config:
 
     def mode_options(self):
         """The mode's options dataclass: its defaults, then its `non_iid_options` on a
-        non-IID partition, with `options` laid over them; type-checked and validated. Built
-        once and held until a field it depends on changes. ConfigError naming the flag of an
-        option the mode does not have, or of a bad value."""
-        key = (self.mode, self.plugins, self.effective_partition, repr(self.options))
+        non-IID partition and ``weighting="samples"`` with --balanced-batches, with `options`
+        laid over them; type-checked and validated. Built once and held until a field it
+        depends on changes. ConfigError naming the flag of an option the mode does not have,
+        or of a bad value."""
+        key = (self.mode, self.plugins, self.effective_partition, self.balanced_batches,
+               repr(self.options))
         held = self.__dict__.get("_held_options")
         if held is None or held[0] != key:
-            data = self.spec.non_iid_options if self.effective_partition in NON_IID else {}
+            data = dict(self.spec.non_iid_options if self.effective_partition in NON_IID
+                        else {})
+            if self.balanced_batches and any(f.name == "weighting"
+                                             for f in self.spec.option_fields()):
+                data["weighting"] = "samples"  # (a mean over workers would waste the samples)
             try:
                 held = key, self.spec.make_options({**data, **self.options})
             except ConfigError:
@@ -285,6 +298,27 @@ class Config:
     def slowdown_of(self, rank: int) -> float:
         """Worker `rank`'s slowdown, scaled (`--speed-scale`)."""
         return (self.slowdowns[rank] if rank < len(self.slowdowns) else 1.0) * self.speed_scale
+
+    def batch_of(self, rank: int) -> int:
+        """Worker `rank`'s batch: -b, or with --balanced-batches -b × the fastest worker's
+        slowdown ÷ its own, rounded down (no step longer than the fastest's), at least 1."""
+        if not self.balanced_batches:
+            return self.batch_size
+        fastest = min(self.slowdown_of(r) for r in range(self.workers))
+        return max(1, math.floor(self.batch_size * fastest / self.slowdown_of(rank) + 1e-9))
+
+    def step_work_of(self, rank: int) -> float | None:
+        """The reference device's work for worker `rank`'s batch (its step is topped up to
+        F × this): `step_work` is measured on -b; a step's work is taken as its samples'."""
+        if self.step_work is None:
+            return None
+        return self.step_work * self.batch_of(rank) / self.batch_size
+
+    def sample_weight_of(self, rank: int) -> float:
+        """Worker `rank`'s share of a step's samples × P (1 when every batch is -b): a sum of
+        P gradients, each × its weight, ÷ P is their mean over every sample."""
+        batches = [self.batch_of(r) for r in range(self.workers)]
+        return self.workers * batches[rank] / sum(batches)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "Config":
@@ -375,6 +409,12 @@ class Config:
         if self.inject and self.effective_partition not in NON_IID:
             raise bad("inject", "0 unless --partition is class or dirichlet (or -s 1): "
                                 "injection brings foreign classes to a worker that lacks them")
+        if self.balanced_batches and self.workers > 1:
+            self._check_balanced_batches(bad)
+        if self.balanced_batches and getattr(self.mode_options(), "weighting", None) not in (
+                None, "samples"):
+            raise invalid_option(self.mode_options(), "weighting",
+                                 "samples with --balanced-batches 1 (each delta by its samples)")
         if self.time_budget is not None and not 0 < self.time_budget < math.inf:
             raise bad("time_budget", "a finite number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
@@ -486,6 +526,42 @@ class Config:
                 if get_spec(self.network).inputs == "tokens" else {})
         return build_model(self.network, split.input_shape, split.num_classes, **size)
 
+    def _check_balanced_batches(self, bad) -> None:
+        from hetsync.algorithms import registry
+
+        if not self.spec.counts_samples:
+            raise bad("balanced_batches", f"0 with -m {self.mode}: it weighs each worker's "
+                      f"update alike, not by its samples (modes that count samples: "
+                      f"{', '.join(s.name for s in registry.specs() if s.counts_samples)})")
+        if not self.slowdowns:
+            raise bad("balanced_batches", "0 without --slowdowns: the batches follow the "
+                      "emulated devices' relative speeds")
+        if self.effective_partition not in ("iid", "shared"):
+            raise bad("balanced_batches", f"0 on --partition {self.effective_partition}: "
+                      f"weighted by samples, the fastest devices' own data would count most "
+                      f"(iid or shared only)")
+        spread = max(map(self.slowdown_of, range(self.workers))) / min(
+            map(self.slowdown_of, range(self.workers)))
+        if self.batch_size < spread - 1e-9:
+            raise bad("batch_size", f"at least {math.ceil(spread - 1e-9)} "
+                      f"with --balanced-batches 1 (the slowest device's batch is -b x its "
+                      f"speed relative to the fastest's, and must be at least 1)")
+
+    def _check_balanced_shards(self, name: str, shards: list) -> None:
+        """ConfigError naming -b and the largest that fits when a balanced batch is larger
+        than its worker's shard."""
+        short = [r for r, s in enumerate(shards) if self.batch_of(r) > len(s)]
+        if not short:
+            return
+        fits = next((b for b in range(self.batch_size - 1, 0, -1)
+                     if all(dataclasses.replace(self, batch_size=b).batch_of(r) <= len(s)
+                            for r, s in enumerate(shards))), None)
+        r = short[0]
+        raise invalid_option(self, "batch_size", f"{'at most ' + str(fits) if fits else 'none'}"
+                             f" with --balanced-batches 1: worker {r}'s batch of "
+                             f"{self.batch_of(r)} is more than its share of {name}'s training "
+                             f"samples ({len(shards[r])})")
+
     def validate_data(self, split) -> list:
         """The workers' shards of `split`'s training set (`split`: a
         :class:`~hetsync.data.DataSplit`), as every worker computes them; ConfigError naming
@@ -501,6 +577,9 @@ class Config:
                                  f"of its own")
         shards = partition(self.effective_partition, labels, self.workers, self.seed,
                            alpha=self.dirichlet_alpha)
+        if self.balanced_batches and self.workers > 1:
+            self._check_balanced_shards(split.name, shards)
+            return shards
         smallest = min(len(s) for s in shards)
         if self.batch_size > smallest:
             share = "every worker's share" if len(set(map(len, shards))) == 1 else \

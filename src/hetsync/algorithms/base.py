@@ -123,6 +123,8 @@ class CommContext:
     device_name: str = "cpu"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the model's
     generation: int = 0  # the members' groups made so far: 0, then one per regroup or join
+    #: this worker's share of a step's samples × P: 1 unless batches differ (--balanced-batches)
+    sample_weight: float = 1.0
 
     @property
     def wire_device(self) -> torch.device:

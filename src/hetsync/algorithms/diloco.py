@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetsync.algorithms.local_rounds import LocalRounds, global_update
-from hetsync.algorithms.outer import OuterOptions
+from hetsync.algorithms.outer import OuterOptions, WeightingOptions
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import FixedSteps
 
@@ -45,11 +45,12 @@ class InnerStepsOptions:
 
 
 @dataclass
-class DiLoCoOptions(InnerStepsOptions, OuterOptions):
-    """DiLoCo's options: H and the outer step's."""
+class DiLoCoOptions(InnerStepsOptions, WeightingOptions, OuterOptions):
+    """DiLoCo's options: H, the weighting of the deltas and the outer step's."""
 
     def validate(self) -> "DiLoCoOptions":
         self.validate_outer()
+        self.validate_weighting()
         self.validate_inner()
         return self
 
@@ -71,5 +72,6 @@ class DiLoCo(LocalRounds):
 
 
 register(ModeSpec("diloco", DiLoCo, "H local steps of the inner optimizer on every worker; "
-                  "outer Nesterov (lr 0.7, momentum 0.9) on the mean delta (DiLoCo)",
-                  options=DiLoCoOptions, lr_note="inner rate, outer 0.7"))
+                  "outer Nesterov (lr 0.7, momentum 0.9) on the mean delta (DiLoCo; "
+                  "--weighting samples: by samples)",
+                  options=DiLoCoOptions, lr_note="inner rate, outer 0.7", counts_samples=True))

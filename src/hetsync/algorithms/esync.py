@@ -52,7 +52,7 @@ import torch
 
 from hetsync.algorithms.base import Step
 from hetsync.algorithms.local_rounds import LocalRounds, global_update
-from hetsync.algorithms.outer import WEIGHTINGS, OuterOptions
+from hetsync.algorithms.outer import OuterOptions, WeightingOptions
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import StepTimes
 from hetsync.algorithms.scaffold import DRIFT_CORRECTIONS
@@ -61,16 +61,11 @@ from hetsync.state.service import STATE_SERVER
 
 
 @dataclass
-class ESyncOptions(OuterOptions):
-    """ESync's own options (and the outer step's, `-gl --outer-momentum`)."""
+class ESyncOptions(WeightingOptions, OuterOptions):
+    """ESync's own options (and the outer step's, `-gl --outer-momentum --weighting`)."""
 
     local_lr: float | None = field(default=None, metadata={
         "flags": ("-ll", "--local-lr"), "help": "ESync local learning rate (default: -l)"})
-    weighting: str | None = field(default=None, metadata={
-        "flags": ("--weighting",),
-        "help": "how the workers' deltas combine: uniform (the mean), samples (by local "
-                "steps), fednova (normalised averaging; for non-IID data) (default: "
-                "uniform)"})
     drift_correction: str | None = field(default=None, metadata={
         "flags": ("--drift-correction",),
         "help": "none, or scaffold: control variates correct each local step towards the "
@@ -97,10 +92,9 @@ class ESyncOptions(OuterOptions):
         from hetsync.options import invalid_option
 
         self.validate_outer()
+        self.validate_weighting()
         if self.local_lr is not None and not (0 < self.local_lr < float("inf")):
             raise invalid_option(self, "local_lr", "a finite number > 0")
-        if self.weighting is not None and self.weighting not in WEIGHTINGS:
-            raise invalid_option(self, "weighting", " or ".join(WEIGHTINGS))
         if self.drift_correction is not None and self.drift_correction not in DRIFT_CORRECTIONS:
             raise invalid_option(self, "drift_correction", " or ".join(DRIFT_CORRECTIONS))
         if self.drift_correction == "scaffold" and self.overlap:
@@ -334,12 +328,12 @@ def sum_length(model_numel: int, stats_numel: int, options: ESyncOptions) -> int
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
                   "done; all-reduce Δ = w_local − w_global; w_global += gl·mean(Δ)",
                   options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
-                  lr_note="local rate, global 1"))
+                  lr_note="local rate, global 1", counts_samples=True))
 register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
                   "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta; on non-IID "
                   "data blocking rounds of at most 4 local steps",
                   options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
-                  lr_note="local rate, outer 0.7",
+                  lr_note="local rate, outer 0.7", counts_samples=True,
                   # measured (results/levers-drift.md): the background sum's extra steps
                   # and the fastest worker's 8 steps a round are what drift on label skew
                   non_iid_options={"overlap": False, "max_local_steps": 4}))

@@ -127,7 +127,8 @@ class LocalRounds(Mode):
         variate = (self.variates.contribution(delta) if self.variates is not None
                    else local.new_zeros(0))
         buffer = with_count(torch.cat([sent_stats, variate, contribution(
-            delta, self.local_steps, self.weighting)]), self.local_steps > 0)
+            delta, self.local_steps, self.weighting, self.comm.sample_weight)]),
+            self.local_steps > 0)
         if self.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
         else:

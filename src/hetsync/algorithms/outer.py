@@ -8,7 +8,8 @@ outer optimizer applies it (`outer_step`).
 Weightings:
 
 - ``uniform``: D = mean Δ_i (ESync);
-- ``samples``: D = Σ τ_i·Δ_i / Σ τ_i (each sample counts once, whoever processed it);
+- ``samples``: D = Σ τ_i·Δ_i / Σ τ_i (each sample counts once, whoever processed it; where
+  batches differ, `--balanced-batches`, τ_i is steps × the worker's `sample_weight`);
 - ``fednova``: D = τ_eff · Σ p_i·Δ_i/τ_i with p_i = 1/P and τ_eff = Σ p_i·τ_i (FedNova, Wang
   et al., NeurIPS 2020: normalised averaging removes the pull towards fast workers' data that
   plain averaging of unequal local steps converges to).
@@ -52,13 +53,35 @@ class OuterOptions:
             raise invalid_option(self, "outer_momentum", "a number in [0, 1)")
 
 
-def contribution(delta: torch.Tensor, steps: int, weighting: str) -> torch.Tensor:
-    """What worker i adds to the round's all-reduce: its weighted delta, then τ_i."""
+@dataclass
+class WeightingOptions:
+    """How a mode with rounds of local steps combines the workers' deltas (`combine`)."""
+
+    weighting: str | None = field(default=None, metadata={
+        "flags": ("--weighting",),
+        "help": "how the workers' deltas combine: uniform (the mean), samples (by local "
+                "steps, times the batch where batches differ: each sample once), fednova "
+                "(normalised averaging; for non-IID data) (default: uniform; samples with "
+                "--balanced-batches)"})
+
+    def validate_weighting(self) -> None:
+        from hetsync.options import invalid_option
+
+        if self.weighting is not None and self.weighting not in WEIGHTINGS:
+            raise invalid_option(self, "weighting", " or ".join(WEIGHTINGS))
+
+
+def contribution(delta: torch.Tensor, steps: int, weighting: str,
+                 batch: float = 1.0) -> torch.Tensor:
+    """What worker i adds to the round's all-reduce: its weighted delta, then τ_i (for
+    ``samples``, its steps × `batch`, its batch relative to the others': its
+    `CommContext.sample_weight`)."""
+    if weighting == "samples":
+        tau = torch.tensor([steps * batch], dtype=delta.dtype, device=delta.device)
+        return torch.cat([delta * tau, tau])
     tau = torch.tensor([float(steps)], dtype=delta.dtype, device=delta.device)
     if weighting == "uniform":
         return torch.cat([delta, tau])
-    if weighting == "samples":
-        return torch.cat([delta * steps, tau])
     if weighting == "fednova":  # (no steps: a worker that has joined sends zeros)
         return torch.cat([delta / steps if steps else delta * 0, tau])
     raise ValueError(f"unknown weighting {weighting!r}; expected one of {', '.join(WEIGHTINGS)}")

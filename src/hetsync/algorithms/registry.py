@@ -71,6 +71,9 @@ class ModeSpec:
         max_workers: the most workers the mode runs on (sequential SGD: 1).
         min_workers: the fewest (PyTorch's DDP needs a process group: 2).
         baseline: a scheme of PyTorch's own, run by the bench beside hetsync's.
+        counts_samples: its sums count samples where the workers' batches differ
+            (`--balanced-batches`: `CommContext.sample_weight`); elsewhere they would count
+            workers, so such a run is refused.
         resolve: ``options -> name`` of the mode the run really is, for a mode whose options
             select another (ESync's ``-m async -dcasgd 1`` is ``dcasgd``).
         non_iid_options: option values the mode takes on a non-IID partition (``class``,
@@ -92,6 +95,7 @@ class ModeSpec:
     max_workers: int | None = None
     min_workers: int = 1
     baseline: bool = False
+    counts_samples: bool = False
     non_iid_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     resolve: Callable[[Any], str] | None = None
 

@@ -8,6 +8,8 @@ Per step, on every worker:
 3. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
    contributors) over the chosen collective and divide by the number of workers (under
    `hetsync.wrap`, a worker whose data ran out contributes nothing and is not counted);
+   with `--balanced-batches` (LB-BSP: Chen et al., "Semi-dynamic load balancing", SoCC 2020)
+   each gradient is weighted by its batch first, so the mean is over samples;
 4. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
 
 As ESync's `sync` trainer does, BatchNorm running statistics are averaged every step, so the
@@ -34,6 +36,10 @@ class SynchronousSGD(Mode):
     def apply(self, action: Action) -> None:
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
+        if self.comm.sample_weight != 1:  # the mean over samples where batches differ (every
+            # worker contributes: the weights are P's, and hetsync.wrap, which may leave one
+            # out, does not set them)
+            grads = [g * self.comm.sample_weight for g in grads]
         mean, self.contributors = mean_of(self.comm.all_reduce(
             with_count(pack(grads + stats), not self.joined)))
         if self.contributors:  # (none: every worker has joined, nothing to apply)
@@ -42,4 +48,5 @@ class SynchronousSGD(Mode):
 
 
 register(ModeSpec("sync", SynchronousSGD, "one step; mean of all gradients; the same update "
-                  "everywhere (SSGD)", lr_scaling="workers", lr_note="x workers"))
+                  "everywhere (SSGD)", lr_scaling="workers", lr_note="x workers",
+                  counts_samples=True))

@@ -38,9 +38,10 @@ class LrChoice:
         return f"{self.lr:g} ({self.how})"
 
 
-def linear_scaling(mode: str, base_lr: float, workers: int,
+def linear_scaling(mode: str, base_lr: float, workers: float,
                    optimizer: str = "sgd") -> LrChoice:
-    """The default rule (see the module docstring)."""
+    """The default rule (see the module docstring); `workers`: batches of -b per step (P, or
+    Σ b_i / b with --balanced-batches)."""
     from hetsync.algorithms import registry
 
     if not base_lr > 0:
@@ -48,8 +49,9 @@ def linear_scaling(mode: str, base_lr: float, workers: int,
     spec = registry.get(mode)
     if spec.lr_scaling == "workers" and workers > 1:
         if optimizer == "adamw":
-            return LrChoice(base_lr * workers ** 0.5, f"{base_lr:g} x sqrt({workers} workers)")
-        return LrChoice(base_lr * workers, f"{base_lr:g} x {workers} workers")
+            return LrChoice(base_lr * workers ** 0.5,
+                            f"{base_lr:g} x sqrt({workers:.4g} workers' batches)")
+        return LrChoice(base_lr * workers, f"{base_lr:g} x {workers:.4g} workers' batches")
     return LrChoice(base_lr, "base" if spec.lr_note == "base" else f"base, {spec.lr_note}")
 
 

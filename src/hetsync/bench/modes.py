@@ -206,6 +206,16 @@ def _check(args, base: Config) -> None:
     if not args.modes and not args.baselines and not args.reference:
         raise ConfigError("--modes/--baselines/--reference: nothing to run (all are empty)")
     base.check_cluster()  # (also where only one-device runs would use it: their fastest)
+    if base.balanced_batches and base.workers > 1:
+        from hetsync.algorithms import registry
+
+        alike = [m for m in list(args.modes) + list(args.baselines)
+                 if not registry.get(m).counts_samples]
+        if alike:
+            raise ConfigError(f"--modes/--baselines: {', '.join(alike)} weigh each worker's "
+                              f"update alike, not by its samples; with --balanced-batches 1 "
+                              f"give only modes that count samples: " + ", ".join(
+                                  s.name for s in registry.specs() if s.counts_samples))
     if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
@@ -386,7 +396,8 @@ def bench(args, argv: list[str], stream=None) -> int:
     if args.lr_sweep:
         choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
-        choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, base.workers,
+        batches = sum(map(base.batch_of, range(base.workers))) / base.batch_size  # (P, or less)
+        choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, batches,
                                                   e.changes.get("optimizer", base.optimizer)))
                    for e in rows}
     results = []
@@ -519,7 +530,10 @@ def _setup(args, base: Config) -> dict:
                           if base.partition == "dirichlet" else base.partition),
             "lr schedule": ("constant" if base.lr_schedule == "constant" else
                             f"{base.lr_schedule} to {base.lr_final:g} x"),
-            "batch per worker": base.batch_size, "budget per run": budget,
+            "batch per worker": (", ".join(str(base.batch_of(r)) for r in range(base.workers))
+                                 + " (--balanced-batches: in proportion to speed)"
+                                 if base.balanced_batches else base.batch_size),
+            "budget per run": budget,
             "evaluation every": f"{base.eval_interval:g} s", "collective": base.collective,
             "seed": (base.seed if args.repeats == 1 else
                      f"{base.seed}-{base.seed + args.repeats - 1} (median of {args.repeats} "

@@ -68,7 +68,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              timeout: float = 120.0, service: tuple[str, int] = ("127.0.0.1", 10010),
              service_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
              straggler=None, step_work: float | None = None,
-             channel_group: dist.ProcessGroup | None = None, joining: bool = False) -> Assembly:
+             channel_group: dist.ProcessGroup | None = None, joining: bool = False,
+             sample_weight: float = 1.0) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
     `group` is the workers' process group (None: the default group, which must then hold the
@@ -76,7 +77,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     channel (None: made here, by the workers only). Every worker calls this, in the same order
     as its other collectives. `joining`: a lost rank's new process joining the running job
     (`runtime/membership.py`) makes neither its channel nor the mode's setup, which its
-    admission brings.
+    admission brings. `sample_weight`: this worker's share of a step's samples × P
+    (`Config.sample_weight_of`).
     """
     device = next(model.parameters()).device
     gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
@@ -84,7 +86,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
                        timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
                                        straggler=straggler, work=step_work),
-                       device_name=device_label(device), device=device)
+                       device_name=device_label(device), device=device,
+                       sample_weight=sample_weight)
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect
 

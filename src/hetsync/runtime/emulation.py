@@ -36,6 +36,8 @@ of its steps overran. A device of slowdown F waits (F − 1)/F of its time: from
 wait is twice its work, room for a neighbour's step (a device that sleeps most of its time
 computes up to 1.4x the reference's work, on a cold cache), so slower devices may share.
 
+With `--balanced-batches` a device's batch follows its speed and its step is topped up to F ×
+the reference's work for that batch (`Config.step_work_of`), so its nominal speed is the same.
 The nominal speed of a device is samples per step ÷ (F · step_work) per second of computing;
 the local update after the step (a small fraction of it) is outside that time, so a device
 that keeps its speed measures a few per cent below it.

@@ -53,6 +53,10 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
     there is one. `join`: this rank was lost and joins the running job in `run_dir`
     (`runtime/membership.py`)."""
     cfg.validate()
+    if cfg.balanced_batches and cfg.step_work is None and cfg.workers > 1:
+        raise ConfigError("--balanced-batches: expected --step-work with it (launch and bench "
+                          "measure it): a device's step is topped up to F x the reference's "
+                          "work for its batch, which a device cannot measure on its own")
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if world != cfg.world_size:
         need = (f"{cfg.workers} workers + 1 parameter server" if cfg.needs_ps
@@ -104,8 +108,9 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     me = {"rank": rank, "host": socket.gethostname(),
           "device": "ps" if is_server else device_label(device),
           "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
+          "batch": None if is_server else cfg.batch_of(rank),
           "nominal_speed": None if is_server else nominal_speed(
-              cfg.batch_size, cfg.slowdown_of(rank), cfg.step_work),
+              cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank)),
           "role": "parameter-server" if is_server else "worker",
           "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
@@ -157,12 +162,12 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
         _serve_parameters(cfg, model, run_dir)
         return run_dir
 
-    batches = ShardSampler(shards[rank], cfg.batch_size, seed=cfg.seed * 1000 + rank)
+    batches = ShardSampler(shards[rank], cfg.batch_of(rank), seed=cfg.seed * 1000 + rank)
     if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
         from hetsync.data.injection import InjectingSampler
 
         batches = InjectingSampler(batches, data.train.labels.numpy(), shards[rank],
-                                   batch_size=cfg.batch_size, workers=cfg.workers,
+                                   batch_size=cfg.batch_of(rank), workers=cfg.workers,
                                    alpha=cfg.inject_alpha, beta=cfg.inject_beta,
                                    seed=cfg.seed * 1000 + rank)
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
@@ -171,7 +176,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
-                        step_work=cfg.step_work, joining=join)
+                        step_work=cfg.step_work_of(rank),
+                        sample_weight=cfg.sample_weight_of(rank), joining=join)
     mode = assembly.mode
     if own is not None:
         if own["optimizer"] is not None:  # (None: restarted in place of a lost rank)
@@ -274,7 +280,7 @@ def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
     client = JsonClient(cfg.service_ip, cfg.service_port, timeout=5.0, retry_s=1.0,
                         what="live board")
     return LivePoster(run_dir, rank, client, run=name, nominal_speed=nominal_speed(
-        cfg.batch_size, cfg.slowdown_of(rank), cfg.step_work)).start()
+        cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank))).start()
 
 
 #: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,
