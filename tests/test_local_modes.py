@@ -21,18 +21,23 @@ from hetsync.algorithms.round_length import FixedSteps
 LR = 0.1
 
 
-def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds):
+def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=None):
     """DiLoCo on real ranks, and beside it the same training computed by hand: plain SGD
     steps, torch.distributed.all_reduce of the deltas, torch.optim.SGD on their mean's
-    negative. Returns (DiLoCo's global weights, the hand's, the workers' models averaged
-    after every step — synchronous model averaging) after `rounds` rounds."""
+    negative (`batches`: each rank's batch, the deltas weighted by them, as
+    --balanced-batches runs it). Returns (DiLoCo's global weights, the hand's, the workers'
+    models averaged after every step — synchronous model averaging) after `rounds` rounds."""
     group = dist.new_group(list(range(world)))
     torch.manual_seed(rank)  # different models: DiLoCo's setup must make them rank 0's
     model = SmallNet()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group),
+    batches = batches or [8] * world
+    weight = world * batches[rank] / sum(batches)  # (Config.sample_weight_of)
+    algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
+                                          sample_weight=weight),
                   DiLoCoOptions(inner_steps=inner_steps, global_lr=outer_lr,
-                                outer_momentum=momentum))
+                                outer_momentum=momentum,
+                                weighting="samples" if len(set(batches)) > 1 else None))
     algo.setup()
     params = list(model.parameters())
     start = flatten(params).clone()
@@ -42,7 +47,7 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds):
     twin = SmallNet()  # plain SGD with every worker's model averaged after each step
     unflatten_into(start, list(twin.parameters()))
     twin_opt = torch.optim.SGD(twin.parameters(), lr=LR)
-    x, y = batch(rank)
+    x, y = batch(rank, batches[rank])
     for r in range(rounds):
         fast = SmallNet()
         unflatten_into(hand.detach(), list(fast.parameters()))
@@ -63,9 +68,9 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds):
                 dist.all_reduce(averaged, group=group)
                 unflatten_into(averaged / world, list(twin.parameters()))
             algo.perform(action)
-        delta = flatten(list(fast.parameters())) - hand.detach()
+        delta = (flatten(list(fast.parameters())) - hand.detach()) * batches[rank]
         dist.all_reduce(delta, group=group)
-        hand.grad = -delta / world
+        hand.grad = -delta / sum(batches)
         hand_outer.step()
     with algo.global_model():
         ours = flatten(params).clone()
@@ -81,8 +86,10 @@ def test_diloco_with_one_inner_step_and_outer_sgd_at_rate_one_is_synchronous_ave
 
 
 @pytest.mark.slow
-def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta():
-    results = run_ranks(_diloco_run, 3, 3, 0.7, 0.9, 3)
+@pytest.mark.parametrize("batches", [None, [8, 4, 2]], ids=["equal", "balanced"])
+def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta(batches):
+    """(balanced: each delta counts by its worker's samples)"""
+    results = run_ranks(_diloco_run, 3, 3, 0.7, 0.9, 3, batches)
     for ours, hand, _ in results:
         torch.testing.assert_close(ours, hand)
         torch.testing.assert_close(ours, results[0][0])  # one global model
