@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ def test_balanced_batches_give_each_device_a_batch_in_proportion_to_its_speed():
         assert cfg.slowdown_of(r) * cfg.step_work_of(r) == pytest.approx(2.5 * 0.004)
         assert nominal_speed(cfg.batch_of(r), cfg.slowdown_of(r), cfg.step_work_of(r)) == \
             pytest.approx(nominal_speed(64, cfg.slowdown_of(r), 0.004))
+    assert cfg.batches_per_step() == pytest.approx(1.875)  # (the bench's rate scaling)
     weights = [cfg.sample_weight_of(r) for r in ranks]
     assert sum(weights) == pytest.approx(cfg.workers)
     assert weights[0] / weights[3] == pytest.approx(8)
@@ -89,9 +91,25 @@ def test_balanced_batches_give_each_device_a_batch_in_proportion_to_its_speed():
     assert {(plain.batch_of(r), plain.sample_weight_of(r), plain.step_work_of(r))
             for r in ranks} == {(64, 1.0, 0.004)}
     assert plain.mode_options().weighting is None  # (esync-outer's own default: uniform)
+    assert plain.batches_per_step() == 4
     odd = _launch("--balanced-batches", "1", "--slowdowns", "1,3", "--workers", "2",
                   "-b", "11").validate()
     assert [odd.batch_of(0), odd.batch_of(1)] == [11, 3]  # (3.67 rounded down: not slower)
+
+
+def test_a_balanced_run_resumes_only_as_it_was_and_a_worker_needs_the_reference_step():
+    from hetsync.cli import _check_resumable
+    from hetsync.runtime.worker import run_process
+
+    saved = _launch("--balanced-batches", "1").validate()
+    _check_resumable(saved, _launch("--balanced-batches", "1", "--time-budget", "9"), "RUN")
+    for argv, what in ((["--balanced-batches", "0"], "balanced-batches False differs"),
+                       (["--balanced-batches", "1", "--slowdowns", "1,2,2,8"],
+                        "slowdowns (1.0, 2.0, 2.0, 8.0) differs")):
+        with pytest.raises(ConfigError, match=rf"--resume RUN: {re.escape(what)}"):
+            _check_resumable(saved, _launch(*argv), "RUN")
+    with pytest.raises(ConfigError, match="--balanced-batches: expected --step-work with it"):
+        run_process(dataclasses.replace(saved, step_work=None))
 
 
 def test_a_balanced_batch_larger_than_its_workers_share_names_the_largest_that_fits():

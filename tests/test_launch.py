@@ -98,6 +98,7 @@ def test_balanced_batches_keep_a_4x_slower_device_in_step_with_the_fast_one(tmp_
     assert s["final_accuracy"] > 0.5
     ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
     assert [r["batch"] for r in ranks] == [32, 8]
+    assert [r["sample_weight"] for r in ranks] == pytest.approx([1.6, 0.4])  # 2 x 32/40, 2 x 8/40
     assert ranks[0]["nominal_speed"] == pytest.approx(4 * ranks[1]["nominal_speed"])
 
 

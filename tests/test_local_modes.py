@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from distributed import run_ranks
-from tiny import SmallNet, batch
+from tiny import SmallNet, batch, sample_weight
 from hetsync.algorithms import Action, CommContext, Step
 from hetsync.algorithms.async_local_sgd import DelayedNesterovRule
 from hetsync.algorithms.async_rounds import dynamic_steps
@@ -32,9 +32,8 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=No
     model = SmallNet()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     batches = batches or [8] * world
-    weight = world * batches[rank] / sum(batches)  # (Config.sample_weight_of)
     algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
-                                          sample_weight=weight),
+                                          sample_weight=sample_weight(batches, rank)),
                   DiLoCoOptions(inner_steps=inner_steps, global_lr=outer_lr,
                                 outer_momentum=momentum,
                                 weighting="samples" if len(set(batches)) > 1 else None))

@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 
 from distributed import run_ranks
-from tiny import SmallNet, batch as _batch, gathered_parameters, linear_net, user_loop
+from tiny import (SmallNet, batch as _batch, gathered_parameters, linear_net, sample_weight,
+                  user_loop)
 from hetsync.algorithms import Action, CommContext, Step
 from hetsync.algorithms.async_ps import AsyncOptions, AsynchronousSGD
 from hetsync.algorithms.base import bn_statistics, flatten
@@ -159,9 +160,8 @@ def _sync_step(rank, world, batches):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    weight = world * batches[rank] / sum(batches)  # (Config.sample_weight_of)
     algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring",
-                                                  sample_weight=weight))
+                                                  sample_weight=sample_weight(batches, rank)))
     algo.setup()
     x, y = _batch(rank, batches[rank])
     opt.zero_grad()

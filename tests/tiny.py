@@ -23,6 +23,11 @@ def linear_net() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 
 
+def sample_weight(batches, rank: int) -> float:
+    """Rank `rank`'s share of a step's samples × P, as `Config.sample_weight_of` gives it."""
+    return len(batches) * batches[rank] / sum(batches)
+
+
 def batch(rank: int, n: int = 8):
     """Rank `rank`'s own reproducible batch of 8x8 images and labels."""
     g = torch.Generator().manual_seed(100 + rank)

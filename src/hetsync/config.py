@@ -307,6 +307,11 @@ class Config:
         fastest = min(self.slowdown_of(r) for r in range(self.workers))
         return max(1, math.floor(self.batch_size * fastest / self.slowdown_of(rank) + 1e-9))
 
+    def batches_per_step(self) -> float:
+        """A step's samples over all workers, in batches of -b: P, or fewer with
+        --balanced-batches (1.875 on the 1, 2, 4, 8 cluster)."""
+        return sum(map(self.batch_of, range(self.workers))) / self.batch_size
+
     def step_work_of(self, rank: int) -> float | None:
         """The reference device's work for worker `rank`'s batch (its step is topped up to
         F × this): `step_work` is measured on -b; a step's work is taken as its samples'."""
@@ -411,10 +416,6 @@ class Config:
                                 "injection brings foreign classes to a worker that lacks them")
         if self.balanced_batches and self.workers > 1:
             self._check_balanced_batches(bad)
-        if self.balanced_batches and getattr(self.mode_options(), "weighting", None) not in (
-                None, "samples"):
-            raise invalid_option(self.mode_options(), "weighting",
-                                 "samples with --balanced-batches 1 (each delta by its samples)")
         if self.time_budget is not None and not 0 < self.time_budget < math.inf:
             raise bad("time_budget", "a finite number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:
@@ -532,7 +533,10 @@ class Config:
         if not self.spec.counts_samples:
             raise bad("balanced_batches", f"0 with -m {self.mode}: it weighs each worker's "
                       f"update alike, not by its samples (modes that count samples: "
-                      f"{', '.join(s.name for s in registry.specs() if s.counts_samples)})")
+                      f"{', '.join(registry.names(counts_samples=True))})")
+        if getattr(self.mode_options(), "weighting", None) not in (None, "samples"):
+            raise invalid_option(self.mode_options(), "weighting",
+                                 "samples with --balanced-batches 1 (each delta by its samples)")
         if not self.slowdowns:
             raise bad("balanced_batches", "0 without --slowdowns: the batches follow the "
                       "emulated devices' relative speeds")
@@ -553,14 +557,17 @@ class Config:
         short = [r for r, s in enumerate(shards) if self.batch_of(r) > len(s)]
         if not short:
             return
-        fits = next((b for b in range(self.batch_size - 1, 0, -1)
+        least = math.ceil(max(map(self.slowdown_of, range(self.workers))) / min(
+            map(self.slowdown_of, range(self.workers))) - 1e-9)  # (the slowest's batch >= 1)
+        fits = next((b for b in range(min(self.batch_size - 1, max(map(len, shards))), least - 1,
+                                      -1)
                      if all(dataclasses.replace(self, batch_size=b).batch_of(r) <= len(s)
                             for r, s in enumerate(shards))), None)
         r = short[0]
-        raise invalid_option(self, "batch_size", f"{'at most ' + str(fits) if fits else 'none'}"
-                             f" with --balanced-batches 1: worker {r}'s batch of "
-                             f"{self.batch_of(r)} is more than its share of {name}'s training "
-                             f"samples ({len(shards[r])})")
+        valid = f"at most {fits}" if fits else f"none (at least {least}, and no more than fits)"
+        raise invalid_option(self, "batch_size", f"{valid} with --balanced-batches 1: worker "
+                             f"{r}'s batch of {self.batch_of(r)} is more than its share of "
+                             f"{name}'s training samples ({len(shards[r])})")
 
     def validate_data(self, split) -> list:
         """The workers' shards of `split`'s training set (`split`: a

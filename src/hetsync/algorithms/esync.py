@@ -62,7 +62,8 @@ from hetsync.state.service import STATE_SERVER
 
 @dataclass
 class ESyncOptions(WeightingOptions, OuterOptions):
-    """ESync's own options (and the outer step's, `-gl --outer-momentum --weighting`)."""
+    """ESync's own options (and the outer step's, `-gl --outer-momentum`, and how the deltas
+    combine, `--weighting`)."""
 
     local_lr: float | None = field(default=None, metadata={
         "flags": ("-ll", "--local-lr"), "help": "ESync local learning rate (default: -l)"})

@@ -218,9 +218,12 @@ def specs() -> tuple[ModeSpec, ...]:
     return tuple(sorted(_REGISTRY.values(), key=order))
 
 
-def names(*, baseline: bool | None = None) -> tuple[str, ...]:
-    """Registered mode names, in the order of `specs` (``baseline`` filters)."""
-    return tuple(s.name for s in specs() if baseline is None or s.baseline == baseline)
+def names(*, baseline: bool | None = None, counts_samples: bool | None = None
+          ) -> tuple[str, ...]:
+    """Registered mode names, in the order of `specs` (``baseline``, ``counts_samples``
+    filter)."""
+    return tuple(s.name for s in specs() if (baseline is None or s.baseline == baseline)
+                 and (counts_samples is None or s.counts_samples == counts_samples))
 
 
 def options_doc(indent: str = "") -> str:

@@ -4,7 +4,8 @@ Linear scaling (Goyal et al. 2017), the default, as each mode's registry entry s
 (`ModeSpec.lr_scaling`):
 
 - synchronous data-parallel modes (`sync`, `ddp`) average P workers' gradients every step, an
-  effective batch of P·b, so they train at lr × P;
+  effective batch of P·b, so they train at lr × P (with `--balanced-batches`, × Σb_i/b: the
+  batches of b a step holds, `Config.batches_per_step`);
 - `esync` and `post-local-sgd` average models after local steps: each local step is plain SGD
   on b samples, so they keep the base rate as their local rate (ESync's global rate is 1);
 - `async`, `dcasgd` apply one worker's gradient (batch b) at a time, and `local` is one worker:

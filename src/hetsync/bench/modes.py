@@ -209,13 +209,13 @@ def _check(args, base: Config) -> None:
     if base.balanced_batches and base.workers > 1:
         from hetsync.algorithms import registry
 
-        alike = [m for m in list(args.modes) + list(args.baselines)
-                 if not registry.get(m).counts_samples]
+        alike = [m for m in list(args.modes) + list(args.baselines)  # (one device: no sums)
+                 if not registry.get(m).counts_samples and registry.get(m).max_workers != 1]
         if alike:
             raise ConfigError(f"--modes/--baselines: {', '.join(alike)} weigh each worker's "
                               f"update alike, not by its samples; with --balanced-batches 1 "
-                              f"give only modes that count samples: " + ", ".join(
-                                  s.name for s in registry.specs() if s.counts_samples))
+                              f"give only modes that count samples: "
+                              f"{', '.join(registry.names(counts_samples=True))}")
     if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
@@ -396,8 +396,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     if args.lr_sweep:
         choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
-        batches = sum(map(base.batch_of, range(base.workers))) / base.batch_size  # (P, or less)
-        choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, batches,
+        choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, base.batches_per_step(),
                                                   e.changes.get("optimizer", base.optimizer)))
                    for e in rows}
     results = []

@@ -210,6 +210,11 @@ def nominal_speed(samples_per_step: int, factor: float, step_work: float | None)
     return samples_per_step / (factor * step_work)
 
 
+def nominal_speed_of(cfg: Config, rank: int) -> float | None:
+    """Worker `rank`'s nominal speed (its batch, slowdown and share of the reference step)."""
+    return nominal_speed(cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank))
+
+
 def with_reference_step(cfg: Config, split) -> tuple[Config, str | None]:
     """`cfg` with the reference step measured here (`measure_step_work`) where its devices are
     emulated and no `--step-work` was given, and a line saying what it was and the devices'

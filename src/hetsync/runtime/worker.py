@@ -25,7 +25,7 @@ from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
 from hetsync.runtime.devices import pick_device
-from hetsync.runtime.emulation import nominal_speed
+from hetsync.runtime.emulation import nominal_speed_of
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
@@ -109,8 +109,8 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
           "device": "ps" if is_server else device_label(device),
           "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
           "batch": None if is_server else cfg.batch_of(rank),
-          "nominal_speed": None if is_server else nominal_speed(
-              cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank)),
+          "sample_weight": None if is_server else cfg.sample_weight_of(rank),
+          "nominal_speed": None if is_server else nominal_speed_of(cfg, rank),
           "role": "parameter-server" if is_server else "worker",
           "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
@@ -279,8 +279,8 @@ def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
 
     client = JsonClient(cfg.service_ip, cfg.service_port, timeout=5.0, retry_s=1.0,
                         what="live board")
-    return LivePoster(run_dir, rank, client, run=name, nominal_speed=nominal_speed(
-        cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank))).start()
+    return LivePoster(run_dir, rank, client, run=name,
+                      nominal_speed=nominal_speed_of(cfg, rank)).start()
 
 
 #: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,
