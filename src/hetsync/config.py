@@ -544,12 +544,15 @@ class Config:
             raise bad("balanced_batches", f"0 on --partition {self.effective_partition}: "
                       f"weighted by samples, the fastest devices' own data would count most "
                       f"(iid or shared only)")
-        spread = max(map(self.slowdown_of, range(self.workers))) / min(
-            map(self.slowdown_of, range(self.workers)))
-        if self.batch_size < spread - 1e-9:
-            raise bad("batch_size", f"at least {math.ceil(spread - 1e-9)} "
+        if self.batch_size < self._least_balanced_batch():
+            raise bad("batch_size", f"at least {self._least_balanced_batch()} "
                       f"with --balanced-batches 1 (the slowest device's batch is -b x its "
                       f"speed relative to the fastest's, and must be at least 1)")
+
+    def _least_balanced_batch(self) -> int:
+        """The least -b that leaves the slowest device a sample: ⌈F_max/F_min⌉."""
+        slowdowns = [self.slowdown_of(r) for r in range(self.workers)]
+        return math.ceil(max(slowdowns) / min(slowdowns) - 1e-9)
 
     def _check_balanced_shards(self, name: str, shards: list) -> None:
         """ConfigError naming -b and the largest that fits when a balanced batch is larger
@@ -557,8 +560,7 @@ class Config:
         short = [r for r, s in enumerate(shards) if self.batch_of(r) > len(s)]
         if not short:
             return
-        least = math.ceil(max(map(self.slowdown_of, range(self.workers))) / min(
-            map(self.slowdown_of, range(self.workers))) - 1e-9)  # (the slowest's batch >= 1)
+        least = self._least_balanced_batch()
         fits = next((b for b in range(min(self.batch_size - 1, max(map(len, shards))), least - 1,
                                       -1)
                      if all(dataclasses.replace(self, batch_size=b).batch_of(r) <= len(s)
