@@ -500,3 +500,13 @@ def test_as_typed_in_a_shell(argv, needle, data, tmp_path):
     assert_one_line(r.returncode, r.stderr, needle)
     assert r.returncode == 2 and r.stdout == ""
     assert not any(tmp_path.iterdir())  # nothing was started, not even a run directory
+
+
+def test_a_spares_process_started_with_the_others_is_told_to_join(monkeypatch, capsys):
+    """`--spare-workers`: the spare's rank started without --join (as torchrun would start
+    every rank) stops with one line saying how it enters, before it connects anywhere."""
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
+                          "1"], capsys)
+    assert_one_line(code, err, "rank 2 is a spare (--spare-workers 1): start it with --join")

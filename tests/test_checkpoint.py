@@ -494,6 +494,74 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
+    """esync-outer, 3 workers of which the last is a spare (`--spare-workers 1`): ranks 0 and
+    1 start the run alone, planned for by the state server without rank 2; launch starts
+    rank 2 with --join 3 s in, and it is admitted at a round's end (issue 31: a machine that
+    becomes free mid-run): in the records within two rounds of the leader's offer, planned
+    for to the end, on one accuracy curve, with no batch drawn twice or skipped."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
+         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "3",
+         "--timeout", "30", "--time-budget", "16", "--eval-interval", "0.5", "-ld",
+         str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["joined_workers"] == [2] and "absent_workers" not in info, info
+    assert [r.get("spare", False) for r in info["ranks"]] == [False, False, True]
+    leader_log = (run / "logs" / "rank-0.log").read_text()
+    offered_at = int(re.search(r"rank\(s\) 2 asked to join: offered a place at round (\d+)",
+                               leader_log).group(1))
+    joined_at = int(re.search(r"joined the run at round (\d+)",
+                              (run / "logs" / "rank-2.log").read_text()).group(1))
+    assert offered_at <= joined_at <= offered_at + 2, (offered_at, joined_at)
+    rounds = _rounds(run, 2)
+    assert rounds[0] <= joined_at + 2 and min(_records(run, 2, "t_start")) >= 3.0
+    # the first workers' rounds before it: without it (none of its records there)
+    assert _rounds(run, 0)[0] < rounds[0] - 10, (_rounds(run, 0)[:3], rounds[:3])
+    plan = json.loads((run / "service.json").read_text())
+    assert plan["lost"] == [] and min(plan["last_round"].values()) >= rounds[-1] - 2, plan
+    ends = [_rounds(run, rank)[-3:] for rank in range(3)]
+    assert ends[0] == ends[1] == ends[2], ends
+    times = [e["train_time"] for e in _evals(run)]
+    assert len(set(times)) == len(times) and times[-1] >= 16.0, times  # one curve
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["final_accuracy"] >= 0.70, summary
+    assert "spare rank 2 joined" in out.stdout and "lost and joined again" not in out.stdout
+    assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0, \
+        summary["ledger"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_spare_never_joined_resumes_with_it(tmp_path):
+    """A spare not started before the budget ends (`--spare-start` past it): the run ends
+    without it and says so; its checkpoints name it with the lost ranks, so a resume starts
+    every rank, the spare from the leader's checkpoint."""
+    run = tmp_path / "run"
+    common = ["--quiet", "--no-figures", "--no-live"]
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
+         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "600",
+         "--time-budget", "5", "--eval-interval", "0.5", "-ld", str(tmp_path),
+         "--run-name", "run", *common], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "spare rank 2 never joined" in out.stdout, out.stdout
+    assert json.loads((run / "run.json").read_text())["absent_workers"] == [2]
+    assert not (run / "worker-2.jsonl").exists()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
+         "9", *common], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["resumed_from"]["restarted"] == [2] and "absent_workers" not in info, info
+    assert _records(run, 2, "t_start")[0] >= 4.0  # from the checkpoint's time on
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["ledger"]["batches_twice"] == 0
+
+
+@pytest.mark.slow
 def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     """async, 3 workers, not started again (`--no-rejoin`): kill -9 of rank 0 (which
     evaluated and proposed the stop): the parameter server loses it at once, rank 1 takes

@@ -162,6 +162,33 @@ def test_a_lost_rank_that_asks_is_offered_a_place_and_every_member_admits_it():
     assert leader.waiting() == []  # its request is answered
 
 
+def test_a_spare_that_asks_is_offered_a_place_and_a_lost_one_after_it_is_told_apart():
+    """`--spare-workers`: rank 2 was never part of the run (`absent`); it asks as a lost
+    rank does, is admitted, and a member lost later is lost, not absent."""
+    store = dist.HashStore()
+    members = {r: Membership(store, r, [0, 1], timeout=5.0, absent=[2]) for r in (0, 1)}
+    joiner = Membership(store, 2, [0, 1, 2], timeout=5.0)
+    thread = threading.Thread(target=joiner.enter, kwargs={"wait": 5.0})
+    thread.start()
+    _until(members[0].waiting)
+    assert members[0].waiting() == [2] and members[0].offer([2])
+    thread.join(5.0)
+    for m in members.values():
+        assert m.admit() == [2]
+    for m in [*members.values(), joiner]:
+        assert (m.members, m.absent, m.lost, m.joined) == ([0, 1, 2], [], [], [2])
+    for m in (members[0], joiner):  # rank 1 lost after it: it never registers
+        m.grace = 0.1
+    threads = [threading.Thread(target=m.regroup, args=(RuntimeError("lost"),))
+               for m in (members[0], joiner)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5.0)
+    assert [(m.members, m.lost, m.absent) for m in (members[0], joiner)] == \
+        [([0, 2], [1], [])] * 2
+
+
 def test_the_leader_keeps_the_lead_when_a_lower_rank_joins():
     store = dist.HashStore()
     survivors = _after_losing(store, 0)

@@ -197,6 +197,14 @@ class Config:
         "help": "after a worker is lost (modes that go on without it): seconds the "
                 "survivors wait for every one of them to register; one still in a longer step "
                 "is left out (not for one launch saw exit; capped at --timeout)"})
+    spare_workers: int = field(default=0, metadata={"flags": ("--spare-workers",),
+        "help": "the last N of --workers are spares: they are not started with the others "
+                "and join the running job later (launch starts them --spare-start seconds "
+                "in; elsewhere `hetsync worker --join`); esync and esync-outer in the "
+                "background"})
+    spare_start: float = field(default=20.0, metadata={"flags": ("--spare-start",),
+        "help": "launch, with --spare-workers: seconds of the run after which the spares "
+                "are started to join it"})
     plugins: tuple[str, ...] = field(default=(), metadata={
         "flags": ("--plugin",), "parser": "names",
         "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})
@@ -280,6 +288,12 @@ class Config:
         if self.needs_ps and self.spec.asynchronous:
             return self.workers > 1
         return self.regroups and self.spec.worker.admits_a_worker(self.mode_options())
+
+    @property
+    def first_workers(self) -> list[int]:
+        """The workers that start the run: all but the spares (`--spare-workers`), which
+        join it later."""
+        return list(range(self.workers - self.spare_workers))
 
     @property
     def world_size(self) -> int:
@@ -441,6 +455,17 @@ class Config:
         if not 0 < self.regroup_grace <= MAX_WAIT_S:  # (the wait is capped at --timeout)
             raise bad("regroup_grace", f"a finite number of seconds > 0, at most "
                                        f"{MAX_WAIT_S:g}")
+        if self.spare_workers and not 0 < self.spare_workers <= self.workers - 2:
+            raise bad("spare_workers", f"an integer in 0..{max(0, self.workers - 2)} (the run "
+                                       f"starts with at least two workers of --workers "
+                                       f"{self.workers})")
+        if self.spare_workers and not (self.admits_workers and self.regroups):
+            raise bad("spare_workers", f"0 with -m {self.effective_mode}: spares join the "
+                                       f"running job in esync and esync-outer with --overlap "
+                                       f"1, deferred evaluation and no parameter server")
+        if not 0 < self.spare_start <= MAX_WAIT_S:
+            raise bad("spare_start", f"a finite number of seconds > 0, at most "
+                                     f"{MAX_WAIT_S:g}")
         if self.service_port not in PORTS:
             raise bad("service_port", f"a TCP port in {PORTS.start}..{PORTS.stop - 1}")
         if self.gpu < -1:

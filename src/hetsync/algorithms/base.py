@@ -125,6 +125,8 @@ class CommContext:
     generation: int = 0  # the members' groups made so far: 0, then one per regroup or join
     #: this worker's share of a step's samples × P: 1 unless batches differ (--balanced-batches)
     sample_weight: float = 1.0
+    #: the run's workers, the spares that have not joined yet too (0: `workers`)
+    run_workers: int = 0
 
     @property
     def wire_device(self) -> torch.device:

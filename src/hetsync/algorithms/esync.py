@@ -229,7 +229,7 @@ class ESync(LocalRounds):
                          settings=global_update(self.defaults, options),
                          overlap=bool(options.overlap),
                          max_local_steps=options.max_local_steps)
-        self._all_workers = comm.workers  # the run's, however many go on
+        self._all_workers = comm.run_workers or comm.workers  # the run's, however many go on
         self._run_base = 0  # the run's id (`_take_run_id`)
 
     @classmethod
@@ -242,13 +242,20 @@ class ESync(LocalRounds):
 
     def setup(self) -> None:
         """Rank 0 draws the run's id and starts the state server's run afresh under it
-        (before the broadcast, so before any worker reports); every worker names the run in
-        its reports, and starts from rank 0's model."""
+        (before the broadcast, so before any worker reports), without the spares that have
+        not joined; every worker names the run in its reports, and starts from rank 0's
+        model."""
         self._take_run_id()
+        client = self.comm.service
+        client.lost = self._absent()
         if self.comm.rank == 0:
-            self.comm.service.init(self.comm.workers, self.options.epsilon,
-                                   run=self.comm.service.run)
+            client.init(self._all_workers, self.options.epsilon, run=client.run,
+                        lost=client.lost)
         super().setup()
+
+    def _absent(self) -> list[int]:
+        """The run's ranks that take no part now: lost, or spares that have not joined."""
+        return sorted(set(range(self._all_workers)) - set(self.comm.members()))
 
     def _take_run_id(self) -> None:
         """Rank 0's (the leader's) random id of this run, known to every worker (not from
@@ -283,7 +290,7 @@ class ESync(LocalRounds):
         self.length.forget()
         client = self.comm.service
         client.close()  # an answer of the old run may be unread on its connection
-        lost = sorted(set(range(self._all_workers)) - set(self.comm.members()))
+        lost = self._absent()
         client.run = f"{self._run_base:016x}/{self.comm.generation}"
         client.lost = lost
         if self.comm.leads:

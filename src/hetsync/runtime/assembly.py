@@ -69,7 +69,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              service_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
              straggler=None, step_work: float | None = None,
              channel_group: dist.ProcessGroup | None = None, joining: bool = False,
-             sample_weight: float = 1.0) -> Assembly:
+             sample_weight: float = 1.0, run_workers: int = 0) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
     `group` is the workers' process group (None: the default group, which must then hold the
@@ -78,7 +78,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     as its other collectives. `joining`: a lost rank's new process joining the running job
     (`runtime/membership.py`) makes neither its channel nor the mode's setup, which its
     admission brings. `sample_weight`: this worker's share of a step's samples × P
-    (`Config.sample_weight_of`).
+    (`Config.sample_weight_of`). `run_workers`: the run's workers, where some of them
+    (`--spare-workers`) are not among `group`'s yet.
     """
     device = next(model.parameters()).device
     gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
@@ -87,7 +88,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                        timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
                                        straggler=straggler, work=step_work),
                        device_name=device_label(device), device=device,
-                       sample_weight=sample_weight)
+                       sample_weight=sample_weight, run_workers=run_workers)
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect
 

@@ -114,6 +114,8 @@ class Cluster:
         self.rejoined: dict[str, int] = {}
         #: a worker started to join: its log's length then (it says there when it joined)
         self.joining: dict[str, int] = {}
+        #: the spares still to start (`--spare-workers`; a resumed run starts every rank)
+        self.spares = [] if resume else list(range(len(cfg.first_workers), cfg.workers))
         self.started = time.time()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -218,7 +220,26 @@ class Cluster:
                                    timeout=datetime.timedelta(seconds=self.cfg.timeout))
         self.config_path = config_path
         for rank in range(world):
-            self._start_rank(rank)
+            if rank not in self.spares:
+                self._start_rank(rank)
+
+    def start_spares(self) -> None:
+        """Start the spares to join the run once it has run `--spare-start` seconds (by
+        its run.json's start)."""
+        if not self.spares:
+            return
+        try:
+            run = json.loads((self.run_dir / "run.json").read_text())
+        except (OSError, ValueError):
+            return  # (not written yet, or being replaced)
+        start = run.get("start_time")
+        if start is None or start < self.started - 1.0 or \
+                time.time() - start < self.cfg.spare_start:
+            return
+        for rank in self.spares:
+            self.joining[f"rank-{rank}"] = 0
+            self._start_rank(rank, join=True)
+        self.spares = []
 
     def _start_rank(self, rank: int, join: bool = False) -> None:
         """Start rank `rank`'s process (`join`: a lost worker's, joining the running job)."""
@@ -292,7 +313,8 @@ class Cluster:
         if not (self.cfg.regroups or asynchronous):
             return False
         records = self.run_dir / f"worker-{rank}.jsonl"
-        if not (records.exists() and records.stat().st_size > 0
+        if name not in self.joining and not (
+                records.exists() and records.stat().st_size > 0
                 and records.stat().st_mtime >= self.started):  # (a resumed run's are older)
             return False  # it died setting up: the others wait for it in a collective
         if not any(self._member(other) for other in self.ranks() if other != name):
@@ -500,6 +522,7 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
             raise _Stopped(*failure)
         if cluster.done():
             return
+        cluster.start_spares()
         progress.update()
         time.sleep(0.1)  # (a regroup waits until a dead worker is marked lost: `lose`)
 

@@ -31,7 +31,8 @@ member leads (`leader`): it proposes, evaluates and writes the global model
 lead while it lives (a rank that joins never takes it back).
 
 A lost rank may come back and join the running job (torchft's and elastic Horovod's "join";
-`hetsync worker --join`, which `launch` starts in place of a lost worker):
+`hetsync worker --join`, which `launch` starts in place of a lost worker), and so may a spare
+(`--spare-workers`: a rank of the world that did not start with the others, `absent`):
 
 1. the new process asks (`enter`): it removes `launch`'s mark of the process that died and
    sets ``join/RANK`` to an id of its own;
@@ -108,7 +109,7 @@ class Membership:
     MAKING_S = 5.0
 
     def __init__(self, store: dist.Store, rank: int, members: list[int], *,
-                 timeout: float, grace: float = 5.0):
+                 timeout: float, grace: float = 5.0, absent: list[int] = ()):
         self.store, self.rank, self.timeout = store, rank, timeout
         #: where joiners ask and the end is marked: `launch` withdraws a dead joiner's request
         self.shared = shared(store)
@@ -116,6 +117,8 @@ class Membership:
         self.grace = min(grace, timeout)
         self.generation = 0
         self.lost: list[int] = []
+        #: the spares (`--spare-workers`) that have not joined yet: they ask as a lost rank
+        self.absent: list[int] = sorted(absent)
         #: the ranks that joined the running job, in the order they did
         self.joined: list[int] = []
         #: proposes, evaluates, writes the global model: rank 0, then the lowest survivor
@@ -183,10 +186,11 @@ class Membership:
 
     # ------------------------------------------------------------------ joining
     def waiting(self) -> list[int]:
-        """The lost ranks that asked to join (the leader looks at a round's end), less those
-        `launch` has seen exit since they asked (making groups with one would wait for it)."""
+        """The lost ranks and spares that asked to join (the leader looks at a round's end),
+        less those `launch` has seen exit since they asked (making groups with one would
+        wait for it)."""
         try:
-            return [r for r in self.lost if self.shared.check([f"{JOIN}/{r}"])
+            return [r for r in self.lost + self.absent if self.shared.check([f"{JOIN}/{r}"])
                     and not self.shared.check([f"{LOST}/{r}"])]
         except Exception:  # noqa: BLE001 - a store out of reach admits nobody
             return []
@@ -201,6 +205,7 @@ class Membership:
         answer = json.dumps({"generation": self.generation, "members": members,
                              "leader": self.leader, "groups": _group_count(),
                              "lost": [r for r in self.lost if r not in joining],
+                             "absent": [r for r in self.absent if r not in joining],
                              "joined": self.joined + joining})
         for rank in joining:
             attempt = self.shared.get(f"{JOIN}/{rank}").decode()
@@ -214,6 +219,7 @@ class Membership:
         members = json.loads(self.store.get(self._key("members")))
         joining = [r for r in members if r not in self.members]
         self.lost = [r for r in self.lost if r not in joining]
+        self.absent = [r for r in self.absent if r not in joining]
         self.joined += joining
         self.members, self.generation = members, self.generation + 1
         return joining
@@ -242,6 +248,7 @@ class Membership:
         self.shared.delete_key(key)
         self.members, self.leader = answer["members"], answer["leader"]
         self.lost, self.generation = answer["lost"], answer["generation"] + 1
+        self.absent = answer["absent"]
         self.joined = answer["joined"]
         while _group_count() < answer["groups"]:  # (step 3: torch's names must agree)
             dist.new_group([self.rank], use_local_synchronization=True)

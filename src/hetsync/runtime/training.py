@@ -381,13 +381,15 @@ class TrainingLoop:
             with self.mode.global_model():  # as settled: the same global as the mode's state
                 self._global_state = _cpu_state(self.mode.model)
         now = time.perf_counter()
+        # a resume restarts these from the leader's file (checkpoint.py): the ranks lost, the
+        # spares not joined yet, and those below an asynchronous mode's leader (lost, or
+        # joined again since: the leader is the lowest of the others)
+        restart = set(self.lost_workers()) | set(range(
+            self._leader if self.path is ControlPath.STORE else 0))
+        if self.membership is not None:
+            restart |= set(self.membership.absent)
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
-                 "mode_name": self.cfg.effective_mode,
-                 # a resume restarts these from the leader's file (checkpoint.py): the ranks
-                 # lost, and those below an asynchronous mode's leader (lost, or joined
-                 # again since: the leader is the lowest of the others)
-                 "lost": sorted(set(self.lost_workers()) | set(range(
-                     self._leader if self.path is ControlPath.STORE else 0))),
+                 "mode_name": self.cfg.effective_mode, "lost": sorted(restart),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
                  "data": {"epoch": self._position[0], "batch": self._position[1],
                           "drawn": [list(r) for r in unrecorded]},

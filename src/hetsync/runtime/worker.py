@@ -63,19 +63,22 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
                 else f"{cfg.workers} workers")
         raise ConfigError(f"WORLD_SIZE={world} but this run needs {cfg.world_size} processes "
                           f"({need}); set --workers or the number of processes to match")
+    spares = _spares(cfg, rank, resume, join)
     torch.set_num_threads(cfg.threads)
     device = pick_device(cfg, _env_int("LOCAL_RANK", 0))
     timeout = datetime.timedelta(seconds=cfg.timeout)
     if world > 1:
         backend = "nccl" if device.type == "cuda" and os.environ.get(
             "HETSYNC_BACKEND", "gloo") == "nccl" else "gloo"
-        if join:  # its default group never connects: the members' has no place for it
+        # its default group never connects: the members' has no place for it (a joiner's),
+        # or a spare has not started (theirs, the run's groups made without the spares)
+        if join or spares:
             os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
                                 store=_elastic_store(world, timeout))
         os.environ.pop("TORCH_GLOO_LAZY_INIT", None)  # (the groups it joins connect at once)
     try:
-        return _run(cfg, rank, world, device, run_dir, progress, resume, join)
+        return _run(cfg, rank, world, device, run_dir, progress, resume, join, spares)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -92,8 +95,20 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
     return dist.PrefixStore(f"hetsync/attempt-{restart}", store)
 
 
+def _spares(cfg: Config, rank: int, resume, join: bool) -> list[int]:
+    """The spares (`--spare-workers`) the run starts without; none for a resumed run, which
+    starts every rank. ConfigError for a spare's own process started without `--join`."""
+    if not cfg.spare_workers or resume or join:
+        return []
+    spares = list(range(len(cfg.first_workers), cfg.workers))
+    if rank in spares:
+        raise ConfigError(f"rank {rank} is a spare (--spare-workers {cfg.spare_workers}): "
+                          f"start it with --join --run-dir RUN_DIR once the run has started")
+    return spares
+
+
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
-         resume: bool | str, join: bool = False) -> Path:
+         resume: bool | str, join: bool = False, spares: list[int] = ()) -> Path:
     from hetsync.comm import set_default_timeout
 
     set_default_timeout(cfg.timeout)
@@ -102,29 +117,42 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         return _train(cfg, rank, world, device, Path(run_dir), progress, run["run_name"],
                       ranks=run.get("ranks", []), group=None, channel_group=None,
                       start_time=run.get("start_time"), join=True)
-    name = broadcast_text(cfg.run_name or default_run_name(cfg))
+    membership = group = channel_group = None
+    if spares:  # the first workers' groups, made by them alone (as after a regroup)
+        from hetsync.runtime.membership import Membership
+
+        membership = Membership(dist.distributed_c10d._get_default_store(), rank,
+                                cfg.first_workers, timeout=cfg.timeout,
+                                grace=cfg.regroup_grace, absent=spares)
+        group, channel_group = membership.groups()
+    name = broadcast_text(cfg.run_name or default_run_name(cfg), group=group)
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
     is_server = cfg.needs_ps and rank == world - 1
-    me = {"rank": rank, "host": socket.gethostname(),
+    me = {**_rank_entry(cfg, rank, is_server), "host": socket.gethostname(),
           "device": "ps" if is_server else device_label(device),
-          "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
-          "batch": None if is_server else cfg.batch_of(rank),
-          "sample_weight": None if is_server else cfg.sample_weight_of(rank),
-          "nominal_speed": None if is_server else nominal_speed_of(cfg, rank),
-          "role": "parameter-server" if is_server else "worker",
           "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
-    ranks = [json.loads(t) for t in gather_texts(json.dumps(me))]
+    ranks = [json.loads(t) for t in gather_texts(json.dumps(me), group=group)]
+    ranks += [{**_rank_entry(cfg, r, False), "spare": True} for r in spares]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
     # the main thread, one for the background channel.
-    group, channel_group = ((dist.new_group(list(range(cfg.workers))),
-                             dist.new_group(list(range(cfg.workers)))) if world > 1
-                            else (None, None))
+    if world > 1 and membership is None:
+        group, channel_group = (dist.new_group(list(range(cfg.workers))),
+                                dist.new_group(list(range(cfg.workers))))
 
     own, index, leader = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
                           else (None, None, 0))
     return _train(cfg, rank, world, device, run_dir, progress, name, ranks=ranks, group=group,
                   channel_group=channel_group, own=own, index=index, leader=leader,
-                  is_server=is_server)
+                  is_server=is_server, membership=membership)
+
+
+def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
+    """What run.json says of `rank` that its config decides (its emulated device)."""
+    return {"rank": rank, "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
+            "batch": None if is_server else cfg.batch_of(rank),
+            "sample_weight": None if is_server else cfg.sample_weight_of(rank),
+            "nominal_speed": None if is_server else nominal_speed_of(cfg, rank),
+            "role": "parameter-server" if is_server else "worker"}
 
 
 def _joined_run(run_dir) -> dict:
@@ -141,13 +169,14 @@ def _joined_run(run_dir) -> dict:
 def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Path, progress,
            name: str, *, ranks: list[dict], group, channel_group, own: dict | None = None,
            index: int | None = None, leader: int = 0, is_server: bool = False,
-           start_time: float | None = None, join: bool = False) -> Path:
+           start_time: float | None = None, join: bool = False,
+           membership=None) -> Path:
     """The process's run once it has its groups (`join`: none yet) and checkpoint;
-    `start_time`: the run's (a joiner's), else now or the checkpoint's."""
+    `start_time`: the run's (a joiner's), else now or the checkpoint's; `membership`: the
+    first workers' where spares join later."""
     from hetsync.data import ShardSampler
 
     spec, options = cfg.spec, cfg.mode_options()
-    workers = list(range(cfg.workers))
     data = cfg.load_data()
     # every rank, the server too, so that all stop alike: ConfigError if a worker's share of
     # the data is not one batch; nothing is written before the data is known to be good
@@ -171,13 +200,15 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                    alpha=cfg.inject_alpha, beta=cfg.inject_beta,
                                    seed=cfg.seed * 1000 + rank)
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
-    assembly = assemble(spec, options, model, optimizer, rank=rank, workers=cfg.workers,
+    members = membership.members if membership is not None else range(cfg.workers)
+    assembly = assemble(spec, options, model, optimizer, rank=rank, workers=len(members),
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
                         step_work=cfg.step_work_of(rank),
-                        sample_weight=cfg.sample_weight_of(rank), joining=join)
+                        sample_weight=cfg.sample_weight_of(rank), joining=join,
+                        run_workers=cfg.workers)
     mode = assembly.mode
     if own is not None:
         if own["optimizer"] is not None:  # (None: restarted in place of a lost rank)
@@ -186,12 +217,12 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                              else own["mode"])
         _cut_logs(run_dir, rank, own)
     store = dist.distributed_c10d._get_default_store() if world > 1 else None
-    membership = None
-    if cfg.regroups and cfg.workers > 1:
+    if membership is None and cfg.regroups and cfg.workers > 1:
         from hetsync.runtime.membership import Membership
 
-        membership = Membership(store, rank, workers, timeout=cfg.timeout,
+        membership = Membership(store, rank, list(range(cfg.workers)), timeout=cfg.timeout,
                                 grace=cfg.regroup_grace)
+    if membership is not None:
         if not join:  # (a joiner's channel comes with its admission)
             mode.comm.channel.alarm = membership.alarm
     # (a joiner numbers on after its lost process's: the asynchronous modes' ranks number
@@ -252,6 +283,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0,
                     **({"lost_workers": loop.lost_workers()} if loop.lost_workers() else {}),
                     **({"joined_workers": membership.joined} if membership and membership.joined
+                       else {}),
+                    **({"absent_workers": membership.absent} if membership and membership.absent
                        else {})))
             if poster is not None:
                 if loop.snapshots is not None and cfg.evaluator:  # its last evaluations go too

@@ -23,6 +23,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), line("-" * w for w in widths)] + [line(r) for r in rows])
 
 
+def _joins(s: Mapping[str, Any]) -> str:
+    """What the run's joins were: spares that joined (and never did), lost ranks again."""
+    spares, joins = set(s.get("spare_workers") or ()), s.get("joined_workers") or []
+    joined = list(dict.fromkeys(joins))
+    late = [r for r in joined if r in spares]
+    again = [r for r in joined if r not in spares or joins.count(r) > 1]
+    return ((f"; spare rank {', '.join(map(str, late))} joined" if late else "")
+            + (f"; spare rank {', '.join(map(str, s['absent_workers']))} never joined"
+               if s.get("absent_workers") else "")
+            + (f"; rank {', '.join(map(str, again))} lost and joined again" if again else ""))
+
+
 def print_summary(summary: Mapping[str, Any], stream=None) -> None:
     s, stream = summary, stream or sys.stdout
     slow = ",".join(f"{x:g}" for x in s.get("slowdowns") or [])
@@ -34,8 +46,7 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
           + (f" ({s['lr_schedule']})" if s.get("lr_schedule", "constant") != "constant" else "")
           + (f"; went on without rank {', '.join(map(str, s['lost_workers']))}"
              if s.get("lost_workers") else "")
-          + (f"; rank {', '.join(map(str, s['joined_workers']))} lost and joined again"
-             if s.get("joined_workers") else ""),
+          + _joins(s),
           file=stream)
     metric = metric_of_summary(s)
     tta = "  ".join(f"{k}: {_num(v, '.1f')}s" for k, v in s["time_to_target"].items())

@@ -192,6 +192,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
                 if "rank" in r and r.get("role", "worker") == "worker"]
     rounds = [int(r["round"]) for records in log.workers.values() for r in records]
     evals = [e for e in log.evals if e.get("test_acc") is not None]
+    spares = int(config.get("spare_workers") or 0)
     slowdowns = list(config.get("slowdowns") or [])
     if len(slowdowns) < len(per_worker):  # an empty or short list leaves the rest at 1
         slowdowns = [w["slowdown"] for w in per_worker]
@@ -211,6 +212,10 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         # (an asynchronous mode's: those its parameter server served again)
         "joined_workers": run.get("joined_workers") or (log.ps[-1].get("rejoined", [])
                                                         if log.ps else []),
+        # (--spare-workers: the last ranks, started later to join; those that never did)
+        "spare_workers": list(range(int(config.get("workers", 0)) - spares,
+                                    int(config.get("workers", 0)))),
+        "absent_workers": run.get("absent_workers", []),
         "wall_s": wall,
         "rounds": max(rounds, default=0),
         "samples": samples,
