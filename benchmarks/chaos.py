@@ -25,7 +25,8 @@ with `--out`, to a Markdown file.
     .venv/bin/python benchmarks/chaos.py --modes esync-outer,async,sync --seeds 0,1 \\
         --budget 60 --events 6 --out results/chaos.md
 
-What it does not do: add a worker that was never part of the run.
+What it does not do: add a worker that was never part of the run (`--spare-workers`:
+`benchmarks/spare_bench.py`).
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def test_malformed_header_is_refused_naming_sender_and_field():
 # -- untrusted payloads: refused, the refused worker dropped, the others served ----------------
 # (A payload LONGER than its header announced is not here: gloo aborts the receiving process
 # in C++ on a message larger than the posted buffer; see docs/design.md, "Trust".)
-UNTRUSTED = ("short", "nan", "inf", "huge_numel", "wrong_numel", "sparse_index")
+UNTRUSTED = ("short", "nan", "inf", "huge_numel", "wrong_numel", "sparse_index", "altered")
 
 
 def _untrusted_ranks(rank: int, world_size: int):
@@ -258,7 +258,10 @@ def _untrusted_ranks(rank: int, world_size: int):
             numel = nnz = payload.numel() - 1
             payload = payload[:-1]
         raw = Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=kind, dtype=1, numel=numel,
-                     nnz=nnz).encode()
+                     nnz=nnz, checksum=wire.checksum(payload) if case == "altered" else 0
+                     ).encode()
+        if case == "altered":  # the checksum of the ones; one value changed on the way
+            payload[5] = 1.5
         if case == "sparse_index":
             raw = Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=Kind.SPARSE, dtype=1,
                          numel=16, nnz=2).encode()
@@ -289,6 +292,41 @@ def test_untrusted_payloads_are_refused_and_the_others_are_served():
         # only the honest push was applied: w = -LR * ones, nothing of the bad one
         torch.testing.assert_close(tensor(w), torch.full((16,), -LR, dtype=torch.float64))
         assert per_worker == {0: 2, 1: 0}, case  # push + bye; the refused one not counted
+
+
+def _pull_ranks(rank: int, world_size: int):
+    import torch.distributed as dist
+    from hetsync.comm import ParameterServer, wire
+    from hetsync.comm.ps import TAG_REPLY, TAG_REPLY_PAYLOAD, TAG_REQUEST
+    from hetsync.comm.wire import Header, Op
+
+    if rank == 1:
+        rule = SGDRule()
+        rule.w = torch.linspace(-1, 1, DIM, dtype=torch.float64)
+        ParameterServer([0], rule, timeout=30).serve()
+        return None
+    heads = []
+    for seq, op in enumerate((Op.PULL, Op.BYE)):  # (raw, to read the reply's header)
+        dist.send(Header(op=op, sender=0, seq=seq).encode(), 1, tag=TAG_REQUEST)
+        raw = torch.empty(wire.HEADER_LEN, dtype=torch.int64)
+        dist.recv(raw, 1, tag=TAG_REPLY)
+        head = wire.decode(raw, 1, expect=(Op.REPLY,))
+        bufs, payload = wire.receive_buffers(head)
+        for buf in bufs:
+            dist.recv(buf, 1, tag=TAG_REPLY_PAYLOAD)
+        heads.append((head.checksum, payload is not None and wire.checksum(payload),
+                      None if payload is None else portable(payload)))
+    return heads
+
+
+def test_a_pull_reply_carries_its_checksum():
+    """A PULL (a worker's whole model at its start, or when it joins a running job) is
+    answered with the CRC-32 of the model's bytes in wire field 12; a BYE's empty reply
+    with none."""
+    heads = run_ranks(_pull_ranks, 2, timeout=60)[0]
+    (carried, computed, model), (bye, _, _) = heads
+    assert carried == computed and carried > 0 and bye == 0
+    torch.testing.assert_close(tensor(model), torch.linspace(-1, 1, DIM, dtype=torch.float64))
 
 
 def _sum_bound_ranks(rank: int, world_size: int):

@@ -40,8 +40,8 @@ def test_fold_pairs_extras_with_low_ranks():
 def test_header_round_trip():
     h = Header(op=Op.PUSH_PULL, sender=3, seq=7, kind=Kind.SPARSE, dtype=1, numel=100, nnz=5)
     raw = h.encode()
-    assert raw.dtype == torch.int64 and raw.numel() == wire.HEADER_LEN == 12
-    assert wire.HEADER_BYTES == 96
+    assert raw.dtype == torch.int64 and raw.numel() == wire.HEADER_LEN == 13
+    assert wire.HEADER_BYTES == 104
     assert wire.decode(raw, 3) == h
     assert h.payload_bytes == 5 * (4 + 4)
 
@@ -78,6 +78,8 @@ def _bad(field: Field, value: int, **kw) -> torch.Tensor:
     (Field.RATE, wire.rate_bits(float("nan")), "not a finite number"),
     (Field.RATE, wire.rate_bits(-0.25), "not a finite number"),
     (Field.RATE, wire.rate_bits(1e300), "not a finite number"),
+    (Field.CHECKSUM, -1, "not a CRC-32"),
+    (Field.CHECKSUM, (1 << 32) + 1, "not a CRC-32"),
 ])
 def test_decode_refuses_with_sender_and_field(field, value, needle):
     with pytest.raises(comm.ProtocolError, match=needle) as info:
@@ -99,6 +101,29 @@ def test_decode_refuses_inconsistent_op_and_kind():
     raw = Header(op=Op.REPLY, sender=1, seq=0).encode()
     with pytest.raises(comm.ProtocolError, match="'op'"):
         wire.decode(raw, 1)   # a reply where a request is expected
+
+
+@pytest.mark.parametrize("payload", [
+    torch.linspace(-1, 1, 1000),
+    torch.linspace(-1, 1, 9).to(torch.bfloat16),
+    SparseMessage(torch.tensor([0, 7], dtype=torch.int32), torch.tensor([1.5, -2.0]), 9),
+])
+def test_a_checked_payload_altered_on_the_way_is_refused(payload):
+    """Field 12: the CRC-32 of the payload's bytes; one flipped bit in the values (or an
+    index) no longer matches, and the receiver names the sender."""
+    header = Header(op=Op.REPLY, sender=2, seq=0, **wire.describe(payload),
+                    checksum=wire.checksum(payload))
+    header = wire.decode(header.encode(), 2, expect=(Op.REPLY,))
+    wire.verify(header, payload, 2)  # as sent: accepted
+    values = payload.values if isinstance(payload, SparseMessage) else payload
+    values.view(torch.uint8)[3] ^= 1
+    with pytest.raises(comm.ProtocolError, match="refused payload from rank 2: its CRC-32"):
+        wire.verify(header, payload, 2)
+    wire.verify(dataclasses.replace(header, checksum=0), payload, 2)  # none carried
+    empty = Header(op=Op.REPLY, sender=2, seq=0).encode()
+    empty[Field.CHECKSUM] = 5
+    with pytest.raises(comm.ProtocolError, match="'checksum'"):
+        wire.decode(empty, 2, expect=(Op.REPLY,))
 
 
 def test_sparse_message_validates():

@@ -44,8 +44,8 @@ from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
 from .wire import (HEADER_BYTES, HEADER_LEN, MAX_NUMEL, MAX_RATE, Field, Header, Kind, Op,
-                   Payload, SparseMessage, Status, decode, describe, payload_tensors,
-                   receive_buffers)
+                   Payload, SparseMessage, Status, checksum, decode, describe,
+                   payload_tensors, receive_buffers, verify)
 
 TAG_REQUEST = 0x4854
 TAG_REQUEST_PAYLOAD = 0x4855
@@ -210,8 +210,11 @@ class ParameterServer:
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
 
-    def _reply_ops(self, worker: int, seq: int, payload: Payload) -> list[tuple]:
-        header = Header(op=Op.REPLY, sender=self._view.rank, seq=seq, **describe(payload))
+    def _reply_ops(self, worker: int, seq: int, payload: Payload,
+                   checked: bool = False) -> list[tuple]:
+        """A REPLY carrying `payload` (`checked`: with its checksum, wire field 12)."""
+        header = Header(op=Op.REPLY, sender=self._view.rank, seq=seq, **describe(payload),
+                        checksum=checksum(payload) if checked and payload is not None else 0)
         return [(SEND, header.encode(), worker, TAG_REPLY)] + \
             [(SEND, t, worker, TAG_REPLY_PAYLOAD) for t in payload_tensors(payload)]
 
@@ -348,7 +351,9 @@ class ParameterServer:
 
                 if header.op in (Op.PULL, Op.PUSH_PULL):
                     reply = self._apply(header, src, payload, op)
-                    self._send(src, self._reply_ops(src, header.seq, reply), op, lose)
+                    # (a PULL is a worker's whole model at its start or join: checked)
+                    self._send(src, self._reply_ops(src, header.seq, reply,
+                                                    checked=header.op == Op.PULL), op, lose)
                 elif header.op == Op.SUM:
                     next_round[src] += 1
                     r = header.round
@@ -416,6 +421,7 @@ class ParameterServer:
             raise ProtocolError(f"refused payload from rank {src}: non-finite values, or "
                                 f"fewer than the {header.nnz} its header announced",
                                 peer=src, field="payload")
+        verify(header, payload, src)
         if isinstance(payload, SparseMessage) and payload.nnz:
             lo, hi = int(payload.indices.min()), int(payload.indices.max())
             if lo < 0 or hi >= payload.numel:
@@ -554,6 +560,7 @@ class PSClient:
         bufs, result = receive_buffers(reply)
         p2p.transfer([(RECV, b, peer, TAG_REPLY_PAYLOAD) for b in bufs], view=self._view,
                      op=name, timeout=t)
+        verify(reply, result, server)
         return result
 
     def pull(self, *, timeout: float | None = None) -> Payload:

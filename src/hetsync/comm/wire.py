@@ -2,7 +2,7 @@
 
 No pickle and no Python objects cross the wire. Every message is
 
-1. a header: an int64 tensor of :data:`HEADER_LEN` = 12 fields (:data:`HEADER_BYTES` = 96
+1. a header: an int64 tensor of :data:`HEADER_LEN` = 13 fields (:data:`HEADER_BYTES` = 104
    bytes), laid out as :class:`Field`:
 
    ====  ==============  =========================================================
@@ -23,6 +23,9 @@ No pickle and no Python objects cross the wire. Every message is
    11    rate            PUSH_PULL: the worker's learning rate, the bits of a float64 in
                          [0, MAX_RATE] (all bits 0: none, the rule's own; a rate of 0
                          travels as -0.0); other ops: 0
+   12    checksum        the CRC-32 of the payload's bytes + 1 (0: none); the server
+                         sets it on its reply to a PULL (a starting or joining
+                         worker's whole model), and a receiver checks any it gets
    ====  ==============  =========================================================
 
 2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of
@@ -38,6 +41,7 @@ from __future__ import annotations
 import enum
 import math
 import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +49,9 @@ import torch
 from .errors import ProtocolError
 
 MAGIC = 0x48535943  # "HSYC"
-VERSION = 2  # 2: field 11 carries a push's learning rate
+VERSION = 3  # 2: field 11 carries a push's learning rate; 3: field 12 a checksum
 MAGIC_VERSION = (MAGIC << 16) | VERSION
-HEADER_LEN = 12
+HEADER_LEN = 13
 HEADER_BYTES = HEADER_LEN * 8
 #: Upper bound on numel accepted from the wire (guards against absurd allocations).
 MAX_NUMEL = 1 << 40
@@ -69,6 +73,7 @@ class Field(enum.IntEnum):
     STATUS = 9
     DETAIL = 10
     RATE = 11
+    CHECKSUM = 12
 
 
 class Op(enum.IntEnum):
@@ -94,7 +99,7 @@ class Status(enum.IntEnum):
     BAD_HEADER = 1      # detail = Field index
     RULE_FAILED = 2     # the server's rule raised
     ROUND_ABORTED = 3   # a worker closed before a SUM round completed; detail = round
-    BAD_PAYLOAD = 4     # non-finite values, or not the size its header announced
+    BAD_PAYLOAD = 4     # non-finite values, not the size its header announced, or altered
 
 
 DTYPE_CODES: dict[int, torch.dtype] = {
@@ -159,11 +164,13 @@ class Header:
     status: int = 0
     detail: int = 0
     rate: float | None = None
+    checksum: int = 0
 
     def encode(self) -> torch.Tensor:
         return torch.tensor([MAGIC_VERSION, self.op, self.sender, self.seq, self.kind,
                              self.dtype, self.numel, self.nnz, self.round, self.status,
-                             self.detail, rate_field(self.rate)], dtype=torch.int64)
+                             self.detail, rate_field(self.rate), self.checksum],
+                            dtype=torch.int64)
 
     @property
     def payload_bytes(self) -> int:
@@ -215,6 +222,24 @@ def payload_tensors(payload: Payload) -> list[torch.Tensor]:
         return [payload.indices.detach().cpu().contiguous(),
                 payload.values.detach().cpu().contiguous()]
     return [payload.detach().cpu().contiguous().view(-1)]
+
+
+def checksum(payload: Payload) -> int:
+    """Field 12 for ``payload``: the CRC-32 of its bytes in wire order, + 1."""
+    crc = 0
+    for t in payload_tensors(payload):
+        crc = zlib.crc32(t.view(torch.uint8).numpy(), crc)
+    return crc + 1
+
+
+def verify(header: Header, payload: Payload, source: int) -> None:
+    """ProtocolError naming ``source`` where ``payload`` does not match the checksum its
+    ``header`` carries (none carried: nothing to check)."""
+    if header.checksum and checksum(payload) != header.checksum:
+        raise ProtocolError(f"refused payload from rank {source}: its CRC-32 is "
+                            f"{checksum(payload) - 1:08x}, its header says "
+                            f"{header.checksum - 1:08x} (altered on the way)", peer=source,
+                            field="payload", value=header.checksum)
 
 
 def receive_buffers(header: Header) -> tuple[list[torch.Tensor], Payload]:
@@ -305,6 +330,10 @@ def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS
     if v[Field.RATE] != 0 and not (0 <= rate <= MAX_RATE and math.isfinite(rate)):
         raise _refuse(source, Field.RATE, v[Field.RATE],
                       f"the rate {rate!r} is not a finite number in [0, {MAX_RATE:g}]")
+    if not 0 <= v[Field.CHECKSUM] <= 1 << 32 or (kind == Kind.EMPTY and v[Field.CHECKSUM]):
+        raise _refuse(source, Field.CHECKSUM, v[Field.CHECKSUM],
+                      "not a CRC-32 + 1 in [1, 2^32] of a payload, or 0 (none)")
     return Header(op=op, sender=source, seq=v[Field.SEQ], kind=kind, dtype=dtype,
                   numel=numel, nnz=nnz, round=v[Field.ROUND], status=v[Field.STATUS],
-                  detail=v[Field.DETAIL], rate=abs(rate) if v[Field.RATE] != 0 else None)
+                  detail=v[Field.DETAIL], rate=abs(rate) if v[Field.RATE] != 0 else None,
+                  checksum=v[Field.CHECKSUM])
