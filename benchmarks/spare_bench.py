@@ -11,7 +11,7 @@ Fashion-MNIST, the emulated devices fitted to the cores as `launch` fits them):
 
 Each row says what a user would look at: the cluster's samples per second before the spare
 was started and from 5 s after it (the spare's process start on a busy machine) to the end,
-when the spare's first round was recorded (and after its start), the times to the targets,
+when the spare's first round began, the times to the targets,
 the final accuracy and each device's speed against its nominal one (the emulation held, or
 not). The default cluster, ``2,4,8,1``, makes the spare the fastest device.
 
@@ -127,6 +127,9 @@ def main() -> int:
     p.add_argument("-ld", "--log-dir", default="runs/spare")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args, args.extra = p.parse_known_args()
+    if not 1.0 < args.spare_start < args.budget - 5.0:
+        p.error(f"--spare-start {args.spare_start:g}: expected more than 1 s and at least 5 s "
+                f"before --budget {args.budget:g} ends (the windows measured around it)")
     seeds = [int(s) for s in args.seeds.split(",")]
     log_dir = (ROOT / args.log_dir).resolve()
     rows = []
@@ -136,7 +139,7 @@ def main() -> int:
                 spare = json.loads((log_dir / f"spare-s{seed}" / "config.json").read_text())
                 args.scale = spare["speed_scale"]
             rows.append(row(kind, launch(kind, args, seed, log_dir), args))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     text = (f"`benchmarks/spare_bench.py --mode {args.mode} --slowdowns {args.slowdowns} "
             f"--budget {args.budget:g} --spare-start {args.spare_start:g}` at {commit}, "

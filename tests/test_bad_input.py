@@ -510,3 +510,8 @@ def test_a_spares_process_started_with_the_others_is_told_to_join(monkeypatch, c
     code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
                           "1"], capsys)
     assert_one_line(code, err, "rank 2 is a spare (--spare-workers 1): start it with --join")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun would start the spare too
+    code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
+                          "1"], capsys)
+    assert_one_line(code, err, "--spare-workers: torchrun starts every rank of the world")

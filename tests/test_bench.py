@@ -158,6 +158,8 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     (["--targets", "1.5"], "--targets"),  # an accuracy above 1 (a loss would do for text)
     (["--balanced-batches", "1"], "--modes/--baselines: async, dcasgd, ddp, post-local-sgd "
                                   "weigh each worker's update alike"),
+    (["--modes", "esync-outer", "--baselines", "", "--spare-workers", "1"],
+     "--spare-workers: the bench compares clusters whose devices all train from the start"),
 ])
 def test_inconsistent_flags_are_rejected_naming_the_flag(tmp_path, capsys, argv, flag):
     assert modes.main(argv + ["-ld", str(tmp_path)]) == 2

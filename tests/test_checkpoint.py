@@ -535,6 +535,33 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
+    """async, 3 workers of which the last is a spare: the parameter server serves ranks 0
+    and 1 alone, then rank 2, started 3 s in with --join, on its own link; every push is
+    counted once in the ledger, and the summary names the spare."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
+         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "3",
+         "--timeout", "30", "--time-budget", "12", "--eval-interval", "0.5", "-ld",
+         str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "started spare rank(s) 2 to join the run" in out.stdout, out.stdout
+    ps = json.loads((run / "ps.jsonl").read_text().splitlines()[-1])
+    assert ps["rejoined"] == [2] and ps["lost"] == [], ps
+    assert re.search(r"rank 2: joined the run at round \d+, [\d.]+ s after asking \(on a "
+                     r"link of its own", (run / "logs" / "rank-2.log").read_text())
+    starts = _records(run, 2, "t_start")
+    assert len(starts) > 20 and starts[0] >= 3.0 and _records(run, 0, "t_start")[0] < 3.0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["complete"] and summary["final_accuracy"] >= 0.70, summary
+    assert summary["spare_workers"] == [2] and summary["absent_workers"] == []
+    assert "spare rank 2 joined" in out.stdout and summary["missing_workers"] == []
+    assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0
+
+
+@pytest.mark.slow
 def test_a_run_whose_spare_never_joined_resumes_with_it(tmp_path):
     """A spare not started before the budget ends (`--spare-start` past it): the run ends
     without it and says so; its checkpoints name it with the lost ranks, so a resume starts

@@ -320,8 +320,8 @@ def _pull_ranks(rank: int, world_size: int):
 
 
 def test_a_pull_reply_carries_its_checksum():
-    """A PULL (a worker's whole model at its start, or when it joins a running job) is
-    answered with the CRC-32 of the model's bytes in wire field 12; a BYE's empty reply
+    """A PULL (the whole model, which a worker takes at its start, its join and its
+    finish) is answered with the CRC-32 of the model's bytes in wire field 12; a BYE's empty reply
     with none."""
     heads = run_ranks(_pull_ranks, 2, timeout=60)[0]
     (carried, computed, model), (bye, _, _) = heads

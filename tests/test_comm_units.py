@@ -109,8 +109,8 @@ def test_decode_refuses_inconsistent_op_and_kind():
     SparseMessage(torch.tensor([0, 7], dtype=torch.int32), torch.tensor([1.5, -2.0]), 9),
 ])
 def test_a_checked_payload_altered_on_the_way_is_refused(payload):
-    """Field 12: the CRC-32 of the payload's bytes; one flipped bit in the values (or an
-    index) no longer matches, and the receiver names the sender."""
+    """Field 12: the CRC-32 of the payload's bytes; one flipped bit in the values no
+    longer matches, and the receiver names the sender."""
     header = Header(op=Op.REPLY, sender=2, seq=0, **wire.describe(payload),
                     checksum=wire.checksum(payload))
     header = wire.decode(header.encode(), 2, expect=(Op.REPLY,))

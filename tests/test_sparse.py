@@ -11,6 +11,7 @@ from hetsync.algorithms.dgc import warmup_density
 from hetsync.algorithms.dgs import DgsRule
 from hetsync.algorithms.registry import build_server_rule, get
 from hetsync.algorithms.sparse_ps import sparse
+from hetsync.comm import HEADER_BYTES
 from hetsync.compression import (Layout, MomentumCorrection, ResidualMemory, SAMomentum,
                                  SampledTopK, TopK, layer_k, memory, selector)
 
@@ -207,11 +208,11 @@ def test_a_push_at_one_percent_is_under_a_thirtieth_of_a_dense_one(mode):
     from hetsync.models import build_model
 
     numel = sum(p.numel() for p in build_model("lenet", (1, 28, 28)).parameters())
-    dense = 96 + 4 * numel  # async's push, and its reply: a header and fp32 weights
+    dense = HEADER_BYTES + 4 * numel  # async's push, and its reply: a header and fp32 weights
     options = {"density": 0.01, "warmup_epochs": 0} if mode == "dgc" else {}
     results = run_ranks(_sparse_run, 3, mode, 6, options)
     for views, sent, recv, nonzeros in results[:-1]:
-        assert sent == pytest.approx(96 + 8 * nonzeros)  # 8 bytes per non-zero
+        assert sent == pytest.approx(HEADER_BYTES + 8 * nonzeros)  # 8 bytes per non-zero
         assert sent <= dense / 30
         if mode == "dgs":  # dual-way: the replies too (no resync within 150 updates)
             assert recv <= dense / 30
@@ -252,5 +253,5 @@ def test_a_full_sparse_message_crosses_the_wire():
     numel = sum(p.numel() for p in build_model("lenet", (1, 28, 28)).parameters())
     for views, sent, recv, nonzeros in run_ranks(_sparse_run, 3, "gd", 3,
                                                  {"density": 1.0})[:-1]:
-        assert nonzeros == numel and sent == 96 + 8 * numel
+        assert nonzeros == numel and sent == HEADER_BYTES + 8 * numel
         assert not torch.equal(views[0], views[-1])

@@ -382,9 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue that run directory from its "
                    "last checkpoint (config: its config.json unless --config)")
     p.add_argument("--join", action="store_true",
-                   help="this rank was lost: join the job running in --run-dir at a round's "
-                   "end, from the global model (esync and esync-outer in the background, the "
-                   "asynchronous parameter-server modes)")
+                   help="this rank was lost, or is a spare (--spare-workers): join the job "
+                   "running in --run-dir at a round's end, from the global model (esync and "
+                   "esync-outer in the background, the asynchronous parameter-server modes)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")

@@ -200,7 +200,8 @@ class Config:
     spare_workers: int = field(default=0, metadata={"flags": ("--spare-workers",),
         "help": "the last N of --workers are spares: they are not started with the others "
                 "and join the running job later (launch starts them --spare-start seconds "
-                "in; elsewhere `hetsync worker --join`); esync and esync-outer in the "
+                "in; elsewhere `hetsync worker --join`, not under torchrun); the "
+                "asynchronous parameter-server modes, and esync and esync-outer in the "
                 "background"})
     spare_start: float = field(default=20.0, metadata={"flags": ("--spare-start",),
         "help": "launch, with --spare-workers: seconds of the run after which the spares "
@@ -294,6 +295,11 @@ class Config:
         """The workers that start the run: all but the spares (`--spare-workers`), which
         join it later."""
         return list(range(self.workers - self.spare_workers))
+
+    @property
+    def spare_ranks(self) -> list[int]:
+        """The ranks of the spares (`--spare-workers`): the last of the workers."""
+        return list(range(self.workers - self.spare_workers, self.workers))
 
     @property
     def world_size(self) -> int:
@@ -459,9 +465,10 @@ class Config:
             raise bad("spare_workers", f"an integer in 0..{max(0, self.workers - 2)} (the run "
                                        f"starts with at least two workers of --workers "
                                        f"{self.workers})")
-        if self.spare_workers and not (self.admits_workers and self.regroups):
+        if self.spare_workers and not self.admits_workers:
             raise bad("spare_workers", f"0 with -m {self.effective_mode}: spares join the "
-                                       f"running job in esync and esync-outer with --overlap "
+                                       f"running job in the asynchronous parameter-server "
+                                       f"modes, and in esync and esync-outer with --overlap "
                                        f"1, deferred evaluation and no parameter server")
         if not 0 < self.spare_start <= MAX_WAIT_S:
             raise bad("spare_start", f"a finite number of seconds > 0, at most "

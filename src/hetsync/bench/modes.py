@@ -206,6 +206,9 @@ def _check(args, base: Config) -> None:
     if not args.modes and not args.baselines and not args.reference:
         raise ConfigError("--modes/--baselines/--reference: nothing to run (all are empty)")
     base.check_cluster()  # (also where only one-device runs would use it: their fastest)
+    if base.spare_workers:  # (the capacity, the fastest device and the rates count every one)
+        raise ConfigError("--spare-workers: the bench compares clusters whose devices all "
+                          "train from the start; benchmarks/spare_bench.py measures spares")
     if base.balanced_batches and base.workers > 1:
         from hetsync.algorithms import registry
 

@@ -140,12 +140,13 @@ class ParameterServer:
 
     The loop, one request at a time:
 
-    1. Receive the next 96-byte header from whichever open worker sends first (each has a
+    1. Receive the next 104-byte header from whichever open worker sends first (each has a
        receive of its own, :class:`~hetsync.comm.p2p.Inbox`); refuse one it does not
        understand, one out of sequence or of the wrong length.
     2. Receive the payload whose kind, dtype and sizes the header gave (into a buffer of
        NaN); refuse one with non-finite values (which a payload shorter than its header
-       leaves) or sparse indices out of range.
+       leaves), sparse indices out of range, or bytes that do not match the CRC-32 its
+       header carries (wire field 12).
        A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
        served no more, as if it had said BYE; the others go on. A worker whose connection
        closes (it died: idle, in the middle of its header, of its payload or before its
@@ -153,8 +154,9 @@ class ParameterServer:
        on. One that is silent without a closed connection (stopped, or its machine gone
        from the network) is given up ``linger`` seconds after the others have finished.
        A lost worker whose new process asks (``joins``) is served again, on its new link,
-       its requests numbered afresh.
-    3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` / ``rule.push(w, update)`` at once.
+       its requests numbered afresh; so is an ``absent`` one (a spare that had not started).
+    3. PULL / PUSH_PULL: reply with ``rule.pull(w)`` (with its CRC-32) / ``rule.push(w,
+       update)`` at once.
        SUM: file the push under its round; when all workers' pushes for the round are in,
        add them in worker-rank order and reply the sum to every worker.
        BYE: acknowledge, and abort (reply ERROR to the waiting) any sum round that worker
@@ -166,7 +168,8 @@ class ParameterServer:
                  sum_numel: int | None = None, linger: float | None = None,
                  known_lost: Callable[[], Iterable[int]] | None = None,
                  gone: Callable[[int, str], None] | None = None,
-                 joins: Callable[[list[int]], list[tuple[int, GroupView]]] | None = None):
+                 joins: Callable[[list[int]], list[tuple[int, GroupView]]] | None = None,
+                 absent: Iterable[int] = ()):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -184,6 +187,11 @@ class ParameterServer:
         if linger is not None and not 0 < linger < float("inf"):
             raise ValueError(f"linger must be a finite number of seconds > 0, got {linger!r}")
         self.workers = tuple(sorted(workers))
+        #: workers not started yet (spares): served once they link (`joins`)
+        self.absent = set(absent)
+        if not self.absent < set(self.workers) or (self.absent and joins is None):
+            raise ValueError(f"absent must be some of worker_ranks {list(self.workers)}, "
+                             f"with joins, got {sorted(self.absent)}")
         self.numel = numel
         self.sum_numel = numel if sum_numel is None else sum_numel
         self.linger = linger
@@ -244,7 +252,7 @@ class ParameterServer:
         if bad:
             raise ValueError(f"worker_ranks {bad} are outside the world of size "
                              f"{self._view.size}")
-        open_workers = set(self.workers)
+        open_workers = set(self.workers) - self.absent
         next_seq = {w: 0 for w in self.workers}
         next_round = {w: 0 for w in self.workers}
         closed_at: dict[int, int] = {}          # worker -> first round it will never join
@@ -277,6 +285,7 @@ class ParameterServer:
             self._links[worker] = (view, view.global_ranks.index(worker))
             inbox.relink(worker, view, self._links[worker][1])
             open_workers.add(worker)
+            self.absent.discard(worker)
             closed_at.pop(worker, None)
             next_seq[worker] = 0
             self.stats.rejoined.append(worker)
@@ -291,7 +300,8 @@ class ParameterServer:
                 if self.joins is not None and not said_bye and \
                         time.monotonic() - joins_asked >= self.JOIN_POLL_S:
                     joins_asked = time.monotonic()
-                    for worker, view in self.joins(sorted(set(self.stats.lost) - open_workers)):
+                    for worker, view in self.joins(sorted((set(self.stats.lost) | self.absent)
+                                                          - open_workers)):
                         rejoin(worker, view)
                 for worker in sorted(open_workers - inbox.asked):  # each open one's next header
                     inbox.ask(worker)
@@ -351,7 +361,7 @@ class ParameterServer:
 
                 if header.op in (Op.PULL, Op.PUSH_PULL):
                     reply = self._apply(header, src, payload, op)
-                    # (a PULL is a worker's whole model at its start or join: checked)
+                    # (a PULL is a worker's whole model, at its start, join or finish: checked)
                     self._send(src, self._reply_ops(src, header.seq, reply,
                                                     checked=header.op == Op.PULL), op, lose)
                 elif header.op == Op.SUM:

@@ -24,8 +24,9 @@ No pickle and no Python objects cross the wire. Every message is
                          [0, MAX_RATE] (all bits 0: none, the rule's own; a rate of 0
                          travels as -0.0); other ops: 0
    12    checksum        the CRC-32 of the payload's bytes + 1 (0: none); the server
-                         sets it on its reply to a PULL (a starting or joining
-                         worker's whole model), and a receiver checks any it gets
+                         sets it on its reply to a PULL (the whole model, which a
+                         worker takes at its start, its join and its finish), and a
+                         receiver checks any it gets
    ====  ==============  =========================================================
 
 2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of

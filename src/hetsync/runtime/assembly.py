@@ -113,7 +113,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
 def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
                      worker_ranks: list[int], timeout: float, gone=None,
-                     joins: bool = False):
+                     joins: bool = False, absent: list[int] = ()):
     """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
     `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
@@ -121,7 +121,8 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     the others have, it is given up after `linger` (the asynchronous modes go on without
     it), or at once where the launcher has marked it dead in the store. `joins`: in an
     asynchronous mode, its new process may link to the server and be served again
-    (`runtime/server_link.py`; `hetsync worker --join`). `gone`: see `ParameterServer`."""
+    (`runtime/server_link.py`; `hetsync worker --join`), and so may the `absent` ones (the
+    spares a run starts without) once they link. `gone`: see `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -144,7 +145,8 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     return ParameterServer(worker_ranks, rule, timeout=timeout,
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
-                           linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=linked)
+                           linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=linked,
+                           absent=absent)
 
 
 def serve_and_record(server, run_dir: Path | None):
@@ -168,5 +170,6 @@ def serve_and_record(server, run_dir: Path | None):
         with JsonlWriter(Path(run_dir) / "ps.jsonl") as out:
             out.write({"t": time.perf_counter() - start, "bytes_sent": sent,
                        "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost,
-                       "rejoined": stats.rejoined})
+                       "rejoined": stats.rejoined,
+                       "absent": sorted(server.absent)})  # (spares that never linked)
     return stats

@@ -115,7 +115,7 @@ class Cluster:
         #: a worker started to join: its log's length then (it says there when it joined)
         self.joining: dict[str, int] = {}
         #: the spares still to start (`--spare-workers`; a resumed run starts every rank)
-        self.spares = [] if resume else list(range(len(cfg.first_workers), cfg.workers))
+        self.spares = [] if resume else cfg.spare_ranks
         self.started = time.time()
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -223,23 +223,24 @@ class Cluster:
             if rank not in self.spares:
                 self._start_rank(rank)
 
-    def start_spares(self) -> None:
+    def start_spares(self) -> list[int]:
         """Start the spares to join the run once it has run `--spare-start` seconds (by
-        its run.json's start)."""
+        its run.json's start); the ranks started now."""
         if not self.spares:
-            return
+            return []
         try:
             run = json.loads((self.run_dir / "run.json").read_text())
         except (OSError, ValueError):
-            return  # (not written yet, or being replaced)
+            return []  # (not written yet, or being replaced)
         start = run.get("start_time")
         if start is None or start < self.started - 1.0 or \
                 time.time() - start < self.cfg.spare_start:
-            return
-        for rank in self.spares:
+            return []
+        started, self.spares = self.spares, []
+        for rank in started:
             self.joining[f"rank-{rank}"] = 0
             self._start_rank(rank, join=True)
-        self.spares = []
+        return started
 
     def _start_rank(self, rank: int, join: bool = False) -> None:
         """Start rank `rank`'s process (`join`: a lost worker's, joining the running job)."""
@@ -522,7 +523,10 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
             raise _Stopped(*failure)
         if cluster.done():
             return
-        cluster.start_spares()
+        spares = cluster.start_spares()
+        if spares:
+            print(f"\nstarted spare rank(s) {', '.join(map(str, spares))} to join the run",
+                  file=stream, flush=True)
         progress.update()
         time.sleep(0.1)  # (a regroup waits until a dead worker is marked lost: `lose`)
 

@@ -164,16 +164,19 @@ class Membership:
             self.leader = alive[0]
         return alive
 
-    def groups(self) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    def groups(self, making: float | None = None
+               ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
         """The members' new groups, made by them alone: (main thread's, channel's), the
         leader first in the main one (its group rank 0, which `broadcast` copies from); None
         for a worker left alone. Waits at most `MAKING_S` (or the timeout, if shorter) for
         every member to connect: each live one is making them at the same time, so one that
         does not has died since it registered; the groups' collectives then wait up to the
-        timeout, as every other's."""
+        timeout, as every other's. `making`: another wait, in seconds (at a run's start, where
+        the members may start seconds apart)."""
         if len(self.members) == 1:
             return None, None
-        making = datetime.timedelta(seconds=min(self.timeout, max(self.grace, self.MAKING_S)))
+        making = datetime.timedelta(seconds=making or min(self.timeout,
+                                                          max(self.grace, self.MAKING_S)))
         ranks = [self.leader] + [r for r in self.members if r != self.leader]
         groups = (dist.new_group(ranks, timeout=making, use_local_synchronization=True,
                                  sort_ranks=False),

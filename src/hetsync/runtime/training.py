@@ -162,7 +162,7 @@ class TrainingLoop:
         self._leader = leader
         if not known_lost(self.store, [leader]):
             return
-        ranks = range(self.mode.comm.workers)
+        ranks = range(self.mode.comm.run_workers or self.mode.comm.workers)
         alive = sorted(set(ranks) - set(known_lost(self.store, ranks)))
         if alive[:1] != [self.rank]:
             return
@@ -181,7 +181,8 @@ class TrainingLoop:
         if self.path is ControlPath.STORE and self.store is not None:
             from hetsync.runtime.membership import known_lost
 
-            return known_lost(self.store, range(self.mode.comm.workers))
+            return known_lost(self.store,
+                              range(self.mode.comm.run_workers or self.mode.comm.workers))
         return []
 
     def _take_lead(self) -> None:

@@ -100,7 +100,11 @@ def _spares(cfg: Config, rank: int, resume, join: bool) -> list[int]:
     starts every rank. ConfigError for a spare's own process started without `--join`."""
     if not cfg.spare_workers or resume or join:
         return []
-    spares = list(range(len(cfg.first_workers), cfg.workers))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError("--spare-workers: torchrun starts every rank of the world at once; "
+                          "start the run with hetsync launch, or the first workers yourself "
+                          "and each spare later with hetsync worker --join")
+    spares = cfg.spare_ranks
     if rank in spares:
         raise ConfigError(f"rank {rank} is a spare (--spare-workers {cfg.spare_workers}): "
                           f"start it with --join --run-dir RUN_DIR once the run has started")
@@ -108,7 +112,7 @@ def _spares(cfg: Config, rank: int, resume, join: bool) -> list[int]:
 
 
 def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, progress,
-         resume: bool | str, join: bool = False, spares: list[int] = ()) -> Path:
+         resume: bool | str, join: bool = False, spares: list[int] | None = None) -> Path:
     from hetsync.comm import set_default_timeout
 
     set_default_timeout(cfg.timeout)
@@ -117,25 +121,20 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
         return _train(cfg, rank, world, device, Path(run_dir), progress, run["run_name"],
                       ranks=run.get("ranks", []), group=None, channel_group=None,
                       start_time=run.get("start_time"), join=True)
-    membership = group = channel_group = None
-    if spares:  # the first workers' groups, made by them alone (as after a regroup)
-        from hetsync.runtime.membership import Membership
-
-        membership = Membership(dist.distributed_c10d._get_default_store(), rank,
-                                cfg.first_workers, timeout=cfg.timeout,
-                                grace=cfg.regroup_grace, absent=spares)
-        group, channel_group = membership.groups()
-    name = broadcast_text(cfg.run_name or default_run_name(cfg), group=group)
+    membership = start = group = channel_group = None
+    if spares:
+        membership, start, group, channel_group = _start_without(cfg, rank, world, spares)
+    name = broadcast_text(cfg.run_name or default_run_name(cfg), group=start)
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
     is_server = cfg.needs_ps and rank == world - 1
     me = {**_rank_entry(cfg, rank, is_server), "host": socket.gethostname(),
           "device": "ps" if is_server else device_label(device),
           "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
-    ranks = [json.loads(t) for t in gather_texts(json.dumps(me), group=group)]
+    ranks = [json.loads(t) for t in gather_texts(json.dumps(me), group=start)]
     ranks += [{**_rank_entry(cfg, r, False), "spare": True} for r in spares]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
     # the main thread, one for the background channel.
-    if world > 1 and membership is None:
+    if world > 1 and not spares:
         group, channel_group = (dist.new_group(list(range(cfg.workers))),
                                 dist.new_group(list(range(cfg.workers))))
 
@@ -143,7 +142,34 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
                           else (None, None, 0))
     return _train(cfg, rank, world, device, run_dir, progress, name, ranks=ranks, group=group,
                   channel_group=channel_group, own=own, index=index, leader=leader,
-                  is_server=is_server, membership=membership)
+                  is_server=is_server, membership=membership, spares=spares)
+
+
+def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tuple:
+    """The groups of a run that starts without its spares, made by those that start alone
+    (`use_local_synchronization`): (a regrouping mode's membership, the group of the start's
+    handshake, the workers' two groups).
+
+    ESync's first workers start as after a regroup without the spares. In an asynchronous
+    mode the handshake takes the parameter server too, and the spares are marked lost in
+    the store as `launch` marks a dead worker (the lead rule and the checkpoints pass them
+    over), until each links to the server and withdraws its mark."""
+    from hetsync.runtime.membership import LOST, Membership, shared
+
+    store, first = dist.distributed_c10d._get_default_store(), cfg.first_workers
+    if not cfg.needs_ps:
+        membership = Membership(store, rank, first, timeout=cfg.timeout,
+                                grace=cfg.regroup_grace, absent=spares)
+        group, channel_group = membership.groups(making=cfg.timeout)  # (they start apart)
+        return membership, group, group, channel_group
+    if rank == 0:
+        for spare in spares:
+            shared(store).set(f"{LOST}/{spare}", "1")
+    start = dist.new_group(first + [world - 1], use_local_synchronization=True)
+    if rank == world - 1:
+        return None, start, None, None
+    return (None, start, dist.new_group(first, use_local_synchronization=True),
+            dist.new_group(first[::-1], use_local_synchronization=True, sort_ranks=False))
 
 
 def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
@@ -163,14 +189,15 @@ def _joined_run(run_dir) -> dict:
         return run
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"--join: {run_dir} has no readable run.json: give --run-dir the "
-                          f"directory of the running job to join") from None
+                          f"directory of the running job to join, once it has started "
+                          f"training") from None
 
 
 def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Path, progress,
            name: str, *, ranks: list[dict], group, channel_group, own: dict | None = None,
            index: int | None = None, leader: int = 0, is_server: bool = False,
            start_time: float | None = None, join: bool = False,
-           membership=None) -> Path:
+           membership=None, spares: list[int] | None = None) -> Path:
     """The process's run once it has its groups (`join`: none yet) and checkpoint;
     `start_time`: the run's (a joiner's), else now or the checkpoint's; `membership`: the
     first workers' where spares join later."""
@@ -188,7 +215,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
         _load_global(model, run_dir, index, leader, rank, world)
 
     if is_server:
-        _serve_parameters(cfg, model, run_dir)
+        _serve_parameters(cfg, model, run_dir, spares)
         return run_dir
 
     batches = ShardSampler(shards[rank], cfg.batch_of(rank), seed=cfg.seed * 1000 + rank)
@@ -200,8 +227,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                    alpha=cfg.inject_alpha, beta=cfg.inject_beta,
                                    seed=cfg.seed * 1000 + rank)
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
-    members = membership.members if membership is not None else range(cfg.workers)
-    assembly = assemble(spec, options, model, optimizer, rank=rank, workers=len(members),
+    assembly = assemble(spec, options, model, optimizer, rank=rank,
+                        workers=cfg.workers - len(spares or ()),
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
@@ -400,11 +427,13 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
                              lambda r: (r.get("train_time") or 0.0) <= until)
 
 
-def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path) -> None:
-    """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`."""
+def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path,
+                      spares: list[int] | None = None) -> None:
+    """The parameter-server rank: hold the model, apply pushes, answer pulls, sum for `ps`
+    (`spares`: workers it serves once they link)."""
     serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
                                       list(range(cfg.workers)), cfg.timeout,
-                                      joins=cfg.admits_workers), run_dir)
+                                      joins=cfg.admits_workers, absent=spares or ()), run_dir)
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,

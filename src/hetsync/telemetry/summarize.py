@@ -190,9 +190,12 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
     limit = float(sum(isolated)) if isolated else None
     declared = [int(r["rank"]) for r in run.get("ranks") or []  # workers, not the parameter server
                 if "rank" in r and r.get("role", "worker") == "worker"]
+    # (--spare-workers: the ranks the run started without; none after a resume)
+    spares = [int(r["rank"]) for r in run.get("ranks") or [] if r.get("spare")]
+    absent = [int(r) for r in run.get("absent_workers")  # (asynchronous: the server's)
+              or (log.ps[-1].get("absent") or [] if log.ps else [])]
     rounds = [int(r["round"]) for records in log.workers.values() for r in records]
     evals = [e for e in log.evals if e.get("test_acc") is not None]
-    spares = int(config.get("spare_workers") or 0)
     slowdowns = list(config.get("slowdowns") or [])
     if len(slowdowns) < len(per_worker):  # an empty or short list leaves the rest at 1
         slowdowns = [w["slowdown"] for w in per_worker]
@@ -212,10 +215,8 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         # (an asynchronous mode's: those its parameter server served again)
         "joined_workers": run.get("joined_workers") or (log.ps[-1].get("rejoined", [])
                                                         if log.ps else []),
-        # (--spare-workers: the last ranks, started later to join; those that never did)
-        "spare_workers": list(range(int(config.get("workers", 0)) - spares,
-                                    int(config.get("workers", 0)))),
-        "absent_workers": run.get("absent_workers", []),
+        "spare_workers": spares,
+        "absent_workers": absent,
         "wall_s": wall,
         "rounds": max(rounds, default=0),
         "samples": samples,
@@ -233,7 +234,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "final_loss": (float(evals[-1]["test_loss"]) if evals and evals[-1].get("test_loss") is not None else None),
         "best_loss": min((float(e["test_loss"]) for e in evals if e.get("test_loss") is not None),
                          default=None),
-        "missing_workers": sorted(set(declared) - set(log.workers)),
+        "missing_workers": sorted(set(declared) - set(log.workers) - set(absent)),
         "synced_fraction": per_worker[0].get("mean_synced") if per_worker else None,
         "speed_scale": float(config.get("speed_scale") or 1.0),
         "step_work": config.get("step_work"),
@@ -269,7 +270,9 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     accuracy; validation loss for language modelling: :mod:`hetsync.telemetry.metric`) and
     ``time_to_target`` (:func:`time_to_target`, at ``targets``, by default the metric's);
     ``final_accuracy`` and ``final_loss`` (last evaluation), ``best_accuracy``, ``best_loss``; ``missing_workers`` (worker ranks in
-    run.json, i.e. not ``role: parameter-server``, with no worker file); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
+    run.json, i.e. not ``role: parameter-server``, with no worker file, less the spares that
+    never joined); ``spare_workers`` (`--spare-workers`: the ranks the run started without)
+    and ``absent_workers`` (those of them that never joined); ``per_worker``: one dict per rank, sorted by rank, with ``rank, host,
     device, slowdown, nominal_speed`` (run.json's: samples per second of computing of its
     emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
     isolated_throughput ÷ nominal_speed; ``speed_scale``, ``step_work`` (the config's:
