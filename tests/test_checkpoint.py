@@ -493,6 +493,18 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
         summary["ledger"]
 
 
+def _launch_with_a_spare(tmp_path, mode: str, *flags: str) -> str:
+    """`launch` of 3 workers (slowdowns 1, 2, 2), rank 2 a spare, into tmp_path/run; its
+    output (it must exit 0)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", mode, "--workers", "3",
+         "--slowdowns", "1,2,2", "--spare-workers", "1", "--eval-interval", "0.5", *flags,
+         "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
 @pytest.mark.slow
 def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     """esync-outer, 3 workers of which the last is a spare (`--spare-workers 1`): ranks 0 and
@@ -501,13 +513,8 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     becomes free mid-run): in the records within two rounds of the leader's offer, planned
     for to the end, on one accuracy curve, with no batch drawn twice or skipped."""
     run = tmp_path / "run"
-    out = subprocess.run(
-        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
-         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "3",
-         "--timeout", "30", "--time-budget", "16", "--eval-interval", "0.5", "-ld",
-         str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
-        capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = _launch_with_a_spare(tmp_path, "esync-outer", "--spare-start", "3", "--timeout",
+                               "30", "--time-budget", "16")
     info = json.loads((run / "run.json").read_text())
     assert info["joined_workers"] == [2] and "absent_workers" not in info, info
     assert [r.get("spare", False) for r in info["ranks"]] == [False, False, True]
@@ -529,7 +536,7 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     assert len(set(times)) == len(times) and times[-1] >= 16.0, times  # one curve
     summary = json.loads((run / "summary.json").read_text())
     assert summary["complete"] and summary["final_accuracy"] >= 0.70, summary
-    assert "spare rank 2 joined" in out.stdout and "lost and joined again" not in out.stdout
+    assert "spare rank 2 joined" in out and "lost and joined again" not in out
     assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0, \
         summary["ledger"]
 
@@ -540,14 +547,9 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
     and 1 alone, then rank 2, started 3 s in with --join, on its own link; every push is
     counted once in the ledger, and the summary names the spare."""
     run = tmp_path / "run"
-    out = subprocess.run(
-        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
-         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "3",
-         "--timeout", "30", "--time-budget", "12", "--eval-interval", "0.5", "-ld",
-         str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
-        capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "started spare rank(s) 2 to join the run" in out.stdout, out.stdout
+    out = _launch_with_a_spare(tmp_path, "async", "--spare-start", "3", "--timeout", "30",
+                               "--time-budget", "12")
+    assert "started spare rank(s) 2 to join the run" in out, out
     ps = json.loads((run / "ps.jsonl").read_text().splitlines()[-1])
     assert ps["rejoined"] == [2] and ps["lost"] == [], ps
     assert re.search(r"rank 2: joined the run at round \d+, [\d.]+ s after asking \(on a "
@@ -557,7 +559,7 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["complete"] and summary["final_accuracy"] >= 0.70, summary
     assert summary["spare_workers"] == [2] and summary["absent_workers"] == []
-    assert "spare rank 2 joined" in out.stdout and summary["missing_workers"] == []
+    assert "spare rank 2 joined" in out and summary["missing_workers"] == []
     assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0
 
 
@@ -567,19 +569,15 @@ def test_a_run_whose_spare_never_joined_resumes_with_it(tmp_path):
     without it and says so; its checkpoints name it with the lost ranks, so a resume starts
     every rank, the spare from the leader's checkpoint."""
     run = tmp_path / "run"
-    common = ["--quiet", "--no-figures", "--no-live"]
-    out = subprocess.run(
-        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
-         "--slowdowns", "1,2,2", "--spare-workers", "1", "--spare-start", "600",
-         "--time-budget", "5", "--eval-interval", "0.5", "-ld", str(tmp_path),
-         "--run-name", "run", *common], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "spare rank 2 never joined" in out.stdout, out.stdout
+    out = _launch_with_a_spare(tmp_path, "esync-outer", "--spare-start", "600",
+                               "--time-budget", "5")
+    assert "spare rank 2 never joined" in out, out
     assert json.loads((run / "run.json").read_text())["absent_workers"] == [2]
     assert not (run / "worker-2.jsonl").exists()
     resumed = subprocess.run(
         [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
-         "9", *common], capture_output=True, text=True, timeout=120)
+         "9", "--quiet", "--no-figures", "--no-live"], capture_output=True, text=True,
+        timeout=120)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     info = json.loads((run / "run.json").read_text())
     assert info["resumed_from"]["restarted"] == [2] and "absent_workers" not in info, info
