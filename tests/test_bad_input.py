@@ -515,3 +515,8 @@ def test_a_spares_process_started_with_the_others_is_told_to_join(monkeypatch, c
     code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
                           "1"], capsys)
     assert_one_line(code, err, "--spare-workers: torchrun starts every rank of the world")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # started by hand, around torch's own store
+    code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
+                          "1"], capsys)
+    assert_one_line(code, err, "--spare-workers: the run's store must live outside the "
+                               "workers")

@@ -90,6 +90,10 @@ def test_checkpoints_written_after_a_loss_are_complete_without_the_lost_rank():
     # eager-SGD (no common checkpoint): each its own newest, a lost rank the leader's
     assert checkpoint.choose([[7], [3], [8]], 2, False, {7: {1}}) == 8
     assert checkpoint.choose([[7], [3], [8]], 1, False, {7: {1}}) == 7
+    # an asynchronous spare that joined after 7 and wrote none yet: the leader's 7 (a
+    # collective mode has no checkpoint every worker can load, as before)
+    assert checkpoint.choose([[7], [8], []], 2, False) == 7
+    assert checkpoint.choose([[7], [7], []], 2, True) is None
 
 
 def test_an_asynchronous_resume_starts_from_a_file_that_holds_the_global_model():
@@ -145,7 +149,10 @@ def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
             led if rank == 0 else {})})
     checkpoint.Checkpointer(tmp_path, 0, start=1).write({"x": torch.ones(1), **led})
     assert checkpoint.resumable(tmp_path, 2, collective=True)  # checkpoint 1, both ranks
-    assert checkpoint.resumable(tmp_path, 3, collective=False) is False  # rank 2 has none
+    assert checkpoint.resumable(tmp_path, 3, collective=True) is False  # rank 2 has none
+    # asynchronous: rank 2 (a spare that joined late, or died early) restarts from the
+    # leader's file
+    assert checkpoint.resumable(tmp_path, 3, collective=False)
     (tmp_path / "checkpoints" / "000001" / "rank-0.pt").write_bytes(b"torn")
     assert checkpoint.resumable(tmp_path, 2, collective=True) is False  # no common one
     assert checkpoint.resumable(tmp_path, 2, collective=False)  # each its own newest
@@ -561,6 +568,26 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
     assert summary["spare_workers"] == [2] and summary["absent_workers"] == []
     assert "spare rank 2 joined" in out and summary["missing_workers"] == []
     assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0
+
+
+@pytest.mark.slow
+def test_an_asynchronous_spare_that_never_linked_is_absent_not_lost(tmp_path):
+    """async: rank 0's mark keeps a spare that never linked out of the lead rule and the
+    checkpoints, and run.json names it absent, not lost; a resume starts it from the
+    leader's checkpoint."""
+    run = tmp_path / "run"
+    out = _launch_with_a_spare(tmp_path, "async", "--spare-start", "600", "--time-budget",
+                               "5")
+    assert "spare rank 2 never joined" in out and "went on without" not in out, out
+    info = json.loads((run / "run.json").read_text())
+    assert info["absent_workers"] == [2] and "lost_workers" not in info, info
+    resumed = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
+         "8", "--quiet", "--no-figures", "--no-live"], capture_output=True, text=True,
+        timeout=120)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    info = json.loads((run / "run.json").read_text())
+    assert 2 in info["resumed_from"]["restarted"] and _records(run, 2, "t_start")[0] >= 4.0
 
 
 @pytest.mark.slow

@@ -189,6 +189,15 @@ def test_a_spare_that_asks_is_offered_a_place_and_a_lost_one_after_it_is_told_ap
         [([0, 2], [1], [])] * 2
 
 
+def test_an_asynchronous_runs_spares_are_told_apart_from_its_lost_workers():
+    from hetsync.runtime.membership import known_lost, marked_spare
+
+    store = dist.HashStore()
+    store.set("hetsync/lost/1", "1")      # launch saw rank 1 exit
+    store.set("hetsync/lost/3", "spare")  # rank 0's mark of a spare not linked yet
+    assert known_lost(store, range(4)) == [1, 3] and marked_spare(store, range(4)) == [3]
+
+
 def test_the_leader_keeps_the_lead_when_a_lower_rank_joins():
     store = dist.HashStore()
     survivors = _after_losing(store, 0)

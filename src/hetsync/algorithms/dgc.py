@@ -55,7 +55,7 @@ class DeepGradientCompression(SparseAsyncSGD):
     def _clipped(self, grad: torch.Tensor) -> torch.Tensor:
         if self.options.clip is None:
             return grad
-        limit = self.options.clip / math.sqrt(self.comm.workers)
+        limit = self.options.clip / math.sqrt(self.comm.run_workers or self.comm.workers)
         norm = float(grad.norm())
         return grad * (limit / norm) if norm > limit else grad
 

@@ -184,12 +184,13 @@ def choose(per_rank: list[list[int]], rank: int, collective: bool,
            lost: dict[int, set[int]] | None = None,
            holders: dict[int, set[int]] | None = None) -> int | None:
     """The checkpoint `rank` resumes from: the `reference` in a collective mode (the workers
-    must agree on the round) and for a rank lost before it (restarted from it), else its own
-    newest. None: there is none."""
+    must agree on the round), for a rank lost before it and for one that has written none
+    yet (a spare that joined since: restarted from it), else its own newest. None: there is
+    none."""
     ref = reference(per_rank, collective, lost, holders)
-    if ref is None or collective or rank in (lost or {}).get(ref, ()):
+    if ref is None or collective or rank in (lost or {}).get(ref, ()) or not per_rank[rank]:
         return ref
-    return per_rank[rank][0] if per_rank[rank] else None
+    return per_rank[rank][0]
 
 
 def lost_at(surveys: list[dict[int, dict]]) -> dict[int, set[int]]:

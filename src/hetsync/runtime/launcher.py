@@ -325,9 +325,11 @@ class Cluster:
         # the others need not wait for it (`membership.shared`: the workers read these keys
         # under torch's prefixes)
         from hetsync.runtime.membership import JOIN, LOST
+        from hetsync.runtime.server_link import ASK
 
         self.store.set(f"{LOST}/{rank}", "1")
-        self.store.delete_key(f"{JOIN}/{rank}")  # (one that died asking to join)
+        for key in (JOIN, ASK):  # (one that died asking to join; the server would answer)
+            self.store.delete_key(f"{key}/{rank}")
         return True
 
     def _member(self, name: str) -> bool:

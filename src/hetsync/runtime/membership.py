@@ -71,8 +71,10 @@ import torch.distributed as dist
 from hetsync.comm.errors import CommError, CommTimeoutError
 
 PREFIX = "hetsync/regroup"
-#: `launch` marks a worker it knows is dead here (`known_lost`)
+#: `launch` marks a worker it knows is dead here (`known_lost`); an asynchronous run's rank 0
+#: marks its spares with `SPARE` until each links (`marked_spare`)
 LOST = "hetsync/lost"
+SPARE = "spare"
 #: a lost rank's new process asks to join here (`Membership.enter`)
 JOIN = "hetsync/join"
 #: the leader marks the end of the run here: nobody is admitted after it
@@ -99,6 +101,16 @@ def known_lost(store: dist.Store, ranks) -> list[int]:
     try:
         return [r for r in ranks if shared(store).check([f"{LOST}/{r}"])]
     except Exception:  # noqa: BLE001 - a store out of reach marks nobody
+        return []
+
+
+def marked_spare(store: dist.Store, ranks) -> list[int]:
+    """The ranks of `ranks` still marked as spares that have not joined (a subset of
+    `known_lost`'s)."""
+    try:
+        return [r for r in known_lost(store, ranks)
+                if shared(store).get(f"{LOST}/{r}") == SPARE.encode()]
+    except Exception:  # noqa: BLE001 - a store out of reach names none
         return []
 
 

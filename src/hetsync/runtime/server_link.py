@@ -97,6 +97,9 @@ class Joins:
                 self._seen[worker] = ident
                 self.store.set(f"{ASK}/{worker}/{ident}", "1")
                 links.append((worker, _make(self.store, worker, self.server, ident, me=1)))
+                # alive again from here (its process withdraws the mark too, a moment later:
+                # a goodbye in between would have the server drop it)
+                self.store.delete_key(f"{LOST}/{worker}")
             except RuntimeError:  # the store out of reach, or the asker gone since: not now
                 continue
         return links

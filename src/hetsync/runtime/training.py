@@ -162,8 +162,7 @@ class TrainingLoop:
         self._leader = leader
         if not known_lost(self.store, [leader]):
             return
-        ranks = range(self.mode.comm.run_workers or self.mode.comm.workers)
-        alive = sorted(set(ranks) - set(known_lost(self.store, ranks)))
+        alive = sorted(set(self.run_ranks) - set(known_lost(self.store, self.run_ranks)))
         if alive[:1] != [self.rank]:
             return
         self._leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
@@ -173,16 +172,32 @@ class TrainingLoop:
             print(f"hetsync worker: rank {self.rank}: leads from here (rank {leader} lost)",
                   file=sys.stderr, flush=True)
 
+    @property
+    def run_ranks(self) -> range:
+        """Every worker of the run, the spares not joined yet too."""
+        return range(self.mode.comm.run_workers or self.mode.comm.workers)
+
     def lost_workers(self) -> list[int]:
         """The workers the run went on without: the membership's, or in an asynchronous mode
-        those `launch` marked dead in the store."""
+        those `launch` marked dead in the store (not the spares rank 0 marked)."""
         if self.membership is not None:
             return list(self.membership.lost)
         if self.path is ControlPath.STORE and self.store is not None:
             from hetsync.runtime.membership import known_lost
 
-            return known_lost(self.store,
-                              range(self.mode.comm.run_workers or self.mode.comm.workers))
+            return sorted(set(known_lost(self.store, self.run_ranks))
+                          - set(self.absent_workers()))
+        return []
+
+    def absent_workers(self) -> list[int]:
+        """The spares (`--spare-workers`) that have not joined: the membership's, or in an
+        asynchronous mode those still marked so in the store."""
+        if self.membership is not None:
+            return list(self.membership.absent)
+        if self.path is ControlPath.STORE and self.store is not None:
+            from hetsync.runtime.membership import marked_spare
+
+            return marked_spare(self.store, self.run_ranks)
         return []
 
     def _take_lead(self) -> None:
@@ -385,10 +400,8 @@ class TrainingLoop:
         # a resume restarts these from the leader's file (checkpoint.py): the ranks lost, the
         # spares not joined yet, and those below an asynchronous mode's leader (lost, or
         # joined again since: the leader is the lowest of the others)
-        restart = set(self.lost_workers()) | set(range(
+        restart = set(self.lost_workers()) | set(self.absent_workers()) | set(range(
             self._leader if self.path is ControlPath.STORE else 0))
-        if self.membership is not None:
-            restart |= set(self.membership.absent)
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode, "lost": sorted(restart),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),

@@ -98,16 +98,23 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
 def _spares(cfg: Config, rank: int, resume, join: bool) -> list[int]:
     """The spares (`--spare-workers`) the run starts without; none for a resumed run, which
     starts every rank. ConfigError for a spare's own process started without `--join`."""
-    if not cfg.spare_workers or resume or join:
+    if not cfg.spare_workers or join:
         return []
     if "TORCHELASTIC_RUN_ID" in os.environ:
         raise ConfigError("--spare-workers: torchrun starts every rank of the world at once; "
                           "start the run with hetsync launch, or the first workers yourself "
                           "and each spare later with hetsync worker --join")
+    if resume:
+        return []
     spares = cfg.spare_ranks
     if rank in spares:
         raise ConfigError(f"rank {rank} is a spare (--spare-workers {cfg.spare_workers}): "
                           f"start it with --join --run-dir RUN_DIR once the run has started")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise ConfigError("--spare-workers: the run's store must live outside the workers "
+                          "(torch's own, in rank 0, waits for every rank at the start): "
+                          "host a TCPStore and set TORCHELASTIC_USE_AGENT_STORE=True, as "
+                          "hetsync launch does")
     return spares
 
 
@@ -154,7 +161,7 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
     mode the handshake takes the parameter server too, and the spares are marked lost in
     the store as `launch` marks a dead worker (the lead rule and the checkpoints pass them
     over), until each links to the server and withdraws its mark."""
-    from hetsync.runtime.membership import LOST, Membership, shared
+    from hetsync.runtime.membership import LOST, SPARE, Membership, shared
 
     store, first = dist.distributed_c10d._get_default_store(), cfg.first_workers
     if not cfg.needs_ps:
@@ -164,12 +171,14 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
         return membership, group, group, channel_group
     if rank == 0:
         for spare in spares:
-            shared(store).set(f"{LOST}/{spare}", "1")
-    start = dist.new_group(first + [world - 1], use_local_synchronization=True)
+            shared(store).set(f"{LOST}/{spare}", SPARE)
+    wait = datetime.timedelta(seconds=cfg.timeout)
+    start = dist.new_group(first + [world - 1], timeout=wait, use_local_synchronization=True)
     if rank == world - 1:
         return None, start, None, None
-    return (None, start, dist.new_group(first, use_local_synchronization=True),
-            dist.new_group(first[::-1], use_local_synchronization=True, sort_ranks=False))
+    return (None, start, dist.new_group(first, timeout=wait, use_local_synchronization=True),
+            dist.new_group(first[::-1], timeout=wait, use_local_synchronization=True,
+                           sort_ranks=False))
 
 
 def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
@@ -311,7 +320,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                     **({"lost_workers": loop.lost_workers()} if loop.lost_workers() else {}),
                     **({"joined_workers": membership.joined} if membership and membership.joined
                        else {}),
-                    **({"absent_workers": membership.absent} if membership and membership.absent
+                    **({"absent_workers": loop.absent_workers()} if loop.absent_workers()
                        else {})))
             if poster is not None:
                 if loop.snapshots is not None and cfg.evaluator:  # its last evaluations go too
@@ -374,7 +383,8 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     index = checkpoint.reference(lists, collective, lost, holders)
     # written without these (eager-SGD's too, which has no common checkpoint but a common
     # round): they restart from its leader's file
-    restarted = sorted(lost.get(index, ()))
+    restarted = sorted(set(lost.get(index, ())) | (
+        set() if collective else {r for r in range(cfg.workers) if not lists[r]}))
     leader = checkpoint.leader(restarted, cfg.workers)
     if is_server:
         own = None
