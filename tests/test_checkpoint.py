@@ -571,35 +571,17 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_asynchronous_spare_that_never_linked_is_absent_not_lost(tmp_path):
-    """async: rank 0's mark keeps a spare that never linked out of the lead rule and the
-    checkpoints, and run.json names it absent, not lost; a resume starts it from the
-    leader's checkpoint."""
+@pytest.mark.parametrize("mode", ["esync-outer", "async"])
+def test_a_run_whose_spare_never_joined_resumes_with_it(tmp_path, mode):
+    """A spare not started before the budget ends (`--spare-start` past it): the run ends
+    without it and says so, naming it absent, not lost (async: rank 0's mark keeps it out of
+    the lead rule); its checkpoints name it with the lost ranks, so a resume starts every
+    rank, the spare from the leader's checkpoint."""
     run = tmp_path / "run"
-    out = _launch_with_a_spare(tmp_path, "async", "--spare-start", "600", "--time-budget",
-                               "5")
+    out = _launch_with_a_spare(tmp_path, mode, "--spare-start", "600", "--time-budget", "5")
     assert "spare rank 2 never joined" in out and "went on without" not in out, out
     info = json.loads((run / "run.json").read_text())
     assert info["absent_workers"] == [2] and "lost_workers" not in info, info
-    resumed = subprocess.run(
-        [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",
-         "8", "--quiet", "--no-figures", "--no-live"], capture_output=True, text=True,
-        timeout=120)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    info = json.loads((run / "run.json").read_text())
-    assert 2 in info["resumed_from"]["restarted"] and _records(run, 2, "t_start")[0] >= 4.0
-
-
-@pytest.mark.slow
-def test_a_run_whose_spare_never_joined_resumes_with_it(tmp_path):
-    """A spare not started before the budget ends (`--spare-start` past it): the run ends
-    without it and says so; its checkpoints name it with the lost ranks, so a resume starts
-    every rank, the spare from the leader's checkpoint."""
-    run = tmp_path / "run"
-    out = _launch_with_a_spare(tmp_path, "esync-outer", "--spare-start", "600",
-                               "--time-budget", "5")
-    assert "spare rank 2 never joined" in out, out
-    assert json.loads((run / "run.json").read_text())["absent_workers"] == [2]
     assert not (run / "worker-2.jsonl").exists()
     resumed = subprocess.run(
         [sys.executable, "-m", "hetsync", "launch", "--resume", str(run), "--time-budget",

@@ -273,8 +273,8 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     run.json, i.e. not ``role: parameter-server``, with no worker file, less the spares that
     never joined); ``spare_workers`` (`--spare-workers`: the ranks the run started without)
     and ``absent_workers`` (those of them that never joined); ``per_worker``: one dict per
-    rank, sorted by rank, with ``rank, host, device, slowdown, nominal_speed`` (run.json's: samples per second of computing of its
-    emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
+    rank, sorted by rank, with ``rank, host, device, slowdown, nominal_speed`` (run.json's:
+    samples per second of computing of its emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
     isolated_throughput ÷ nominal_speed; ``speed_scale``, ``step_work`` (the config's:
     `runtime/emulation.py`) and ``warnings`` (:func:`emulation_warnings`).
     """
