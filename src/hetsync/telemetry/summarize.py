@@ -269,14 +269,16 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     records name no draws, as `hetsync.wrap`'s); ``metric``, the evaluation record's key the run is judged by (test
     accuracy; validation loss for language modelling: :mod:`hetsync.telemetry.metric`) and
     ``time_to_target`` (:func:`time_to_target`, at ``targets``, by default the metric's);
-    ``final_accuracy`` and ``final_loss`` (last evaluation), ``best_accuracy``, ``best_loss``; ``missing_workers`` (worker ranks in
-    run.json, i.e. not ``role: parameter-server``, with no worker file, less the spares that
-    never joined); ``spare_workers`` (`--spare-workers`: the ranks the run started without)
-    and ``absent_workers`` (those of them that never joined); ``per_worker``: one dict per
+    ``final_accuracy`` and ``final_loss`` (last evaluation), ``best_accuracy``,
+    ``best_loss``; ``missing_workers`` (worker ranks in run.json, i.e. not ``role:
+    parameter-server``, with no worker file, less the spares that never joined);
+    ``spare_workers`` (`--spare-workers`: the ranks the run started without) and
+    ``absent_workers`` (those of them that never joined); ``per_worker``: one dict per
     rank, sorted by rank, with ``rank, host, device, slowdown, nominal_speed`` (run.json's:
-    samples per second of computing of its emulated device, or None), the keys of :func:`worker_stats` and ``speed_of_nominal`` =
-    isolated_throughput ÷ nominal_speed; ``speed_scale``, ``step_work`` (the config's:
-    `runtime/emulation.py`) and ``warnings`` (:func:`emulation_warnings`).
+    samples per second of computing of its emulated device, or None), the keys of
+    :func:`worker_stats` and ``speed_of_nominal`` = isolated_throughput ÷ nominal_speed;
+    ``speed_scale``, ``step_work`` (the config's: `runtime/emulation.py`) and ``warnings``
+    (:func:`emulation_warnings`).
     """
     return summarize_log(read_run(run_dir), targets)
 
