@@ -104,6 +104,20 @@ def known_lost(store: dist.Store, ranks) -> list[int]:
         return []
 
 
+def local_groups(ranks: list[int], making: float, timeout: float) -> tuple:
+    """Two groups of `ranks` made by them alone (`use_local_synchronization`): the main
+    thread's, in the order given (its first is group rank 0, which `broadcast` copies from),
+    and the channel's, reversed (torch names such a group after its rank list: the two must
+    differ). Each waits `making` seconds for the others to connect, then `timeout` seconds
+    in each collective."""
+    groups = tuple(dist.new_group(order, timeout=datetime.timedelta(seconds=making),
+                                  use_local_synchronization=True, sort_ranks=False)
+                   for order in (ranks, ranks[::-1]))
+    for group in groups:
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout), group)
+    return groups
+
+
 def marked_spare(store: dist.Store, ranks) -> list[int]:
     """The ranks of `ranks` still marked as spares that have not joined (a subset of
     `known_lost`'s)."""
@@ -187,17 +201,9 @@ class Membership:
         the members may start seconds apart)."""
         if len(self.members) == 1:
             return None, None
-        making = datetime.timedelta(seconds=making or min(self.timeout,
-                                                          max(self.grace, self.MAKING_S)))
-        ranks = [self.leader] + [r for r in self.members if r != self.leader]
-        groups = (dist.new_group(ranks, timeout=making, use_local_synchronization=True,
-                                 sort_ranks=False),
-                  dist.new_group(ranks[::-1], timeout=making, use_local_synchronization=True,
-                                 sort_ranks=False))
-        for group in groups:
-            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=self.timeout),
-                                                  group)
-        return groups
+        return local_groups([self.leader] + [r for r in self.members if r != self.leader],
+                            making or min(self.timeout, max(self.grace, self.MAKING_S)),
+                            self.timeout)
 
     # ------------------------------------------------------------------ joining
     def waiting(self) -> list[int]:

@@ -161,7 +161,7 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
     mode the handshake takes the parameter server too, and the spares are marked lost in
     the store as `launch` marks a dead worker (the lead rule and the checkpoints pass them
     over), until each links to the server and withdraws its mark."""
-    from hetsync.runtime.membership import LOST, SPARE, Membership, shared
+    from hetsync.runtime.membership import LOST, SPARE, Membership, local_groups, shared
 
     store, first = dist.distributed_c10d._get_default_store(), cfg.first_workers
     if not cfg.needs_ps:
@@ -172,13 +172,11 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
     if rank == 0:
         for spare in spares:
             shared(store).set(f"{LOST}/{spare}", SPARE)
-    wait = datetime.timedelta(seconds=cfg.timeout)
-    start = dist.new_group(first + [world - 1], timeout=wait, use_local_synchronization=True)
+    start = dist.new_group(first + [world - 1], timeout=datetime.timedelta(seconds=cfg.timeout),
+                           use_local_synchronization=True)
     if rank == world - 1:
         return None, start, None, None
-    return (None, start, dist.new_group(first, timeout=wait, use_local_synchronization=True),
-            dist.new_group(first[::-1], timeout=wait, use_local_synchronization=True,
-                           sort_ranks=False))
+    return (None, start, *local_groups(first, cfg.timeout, cfg.timeout))
 
 
 def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
