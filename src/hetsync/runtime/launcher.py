@@ -16,6 +16,7 @@ summarises the run directory, draws the figures and prints the summary table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import json
@@ -69,14 +70,34 @@ def _die_with_parent() -> None:
         pass
 
 
+#: the signals that stop the launcher (Ctrl-C, SIGTERM)
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _child_setup(cores: list[int] | None):
-    """What a child runs before exec: die with the launcher, and run on `cores` (None: where
-    the launcher may; `runtime/emulation.py` places emulated devices)."""
+    """What a child runs before exec: take the stop signals again (`stop_signals_held`),
+    die with the launcher, and run on `cores` (None: where the launcher may;
+    `runtime/emulation.py` places emulated devices)."""
     def setup() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         _die_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)
     return setup
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold Ctrl-C and SIGTERM while a child is forked and recorded; they are taken after.
+
+    A `preexec_fn` makes Popen run Python's at-fork handlers, and an exception a signal handler
+    raises inside one is printed and dropped: a SIGTERM landing there was lost and the launcher
+    went on. (Each child takes the signals again in `_child_setup`.)"""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class _Terminated(BaseException):
@@ -145,14 +166,15 @@ class Cluster:
         argv = argv if argv is not None else [sys.executable, "-m", self.module, *args]
         if host is not None:
             argv = self.network.command(host, argv)
-        proc = subprocess.Popen(argv, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
-                                     **({"HETSYNC_TOKEN": self.token} if self.token else {})},
-                                start_new_session=True,
-                                preexec_fn=_child_setup(self.cores.get(name)))
-        log.close()
-        self.procs[name] = proc
+        with log, stop_signals_held():  # (recorded before a stop is taken: `stop` ends it)
+            proc = subprocess.Popen(argv, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+                                         **({"HETSYNC_TOKEN": self.token} if self.token
+                                            else {})},
+                                    start_new_session=True,
+                                    preexec_fn=_child_setup(self.cores.get(name)))
+            self.procs[name] = proc
         return proc
 
     def start_service(self, port: int | None = None, restart: bool = False) -> int:
