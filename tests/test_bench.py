@@ -139,6 +139,7 @@ def test_runs_are_read_against_the_fastest_devices_best_recipe():
     (["--baselines", "horovod"], "--baselines"),
     (["--lr-sweep", "0.1,-1"], "--lr-sweep"),
     (["--targets", "0.9,-1"], "--targets"),
+    (["--horizons", "30,0"], "--horizons"),
 ])
 def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     with pytest.raises(SystemExit) as exit_:
@@ -158,6 +159,8 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     (["--targets", "1.5"], "--targets"),  # an accuracy above 1 (a loss would do for text)
     (["--balanced-batches", "1"], "--modes/--baselines: async, dcasgd, ddp, post-local-sgd "
                                   "weigh each worker's update alike"),
+    (["--horizons", "30,45", "--epochs", "2"], "--horizons/--epochs"),
+    (["--horizons", "30,45,30"], "--horizons: 30,45,30 names a horizon twice"),
     (["--modes", "esync-outer", "--baselines", "", "--spare-workers", "1"],
      "--spare-workers: the bench compares clusters whose devices all train from the start"),
 ])
@@ -306,6 +309,34 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
     for png in ("accuracy.png", "throughput.png", "speedup.png", "timeline-ddp.png"):
         assert (results / "bench-t" / png).stat().st_size > 0, png
     assert "speedup vs sync" in out
+
+
+@pytest.mark.slow
+def test_each_row_runs_at_each_horizon_and_the_fastest_is_read_at_its_best(tmp_path):
+    results = tmp_path / "results"
+    flags = [f for f in BENCH_FLAGS if f not in ("--time-budget", "3")]
+    code = modes.main(flags + ["--modes", "esync", "--baselines", "", "--reference", "sgd",
+                               "--horizons", "2,4", "--name", "h", "-ld", str(tmp_path / "runs"),
+                               "--results-dir", str(results)])
+    assert code == 0
+    doc = json.loads((results / "bench-h.json").read_text())
+    runs = {r["label"]: r for r in doc["runs"]}
+    assert list(runs) == ["esync@2s", "esync@4s", "fastest-sgd@2s", "fastest-sgd@4s"]
+    for label, r in runs.items():  # trained as long as its horizon, its rate kept
+        config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert config["time_budget"] == float(label.split("@")[1].rstrip("s"))
+        assert r["lr"] == runs[label.split("@")[0] + "@2s"]["lr"]
+        evals = (Path(r["run_dir"]) / "eval.jsonl").read_text().splitlines()
+        assert json.loads(evals[-1])["train_time"] == pytest.approx(config["time_budget"],
+                                                                    abs=1.0)
+    # the fastest device's best recipe at each target: the best of its recipes at each horizon
+    for key, (label, tta) in doc["fastest_device"]["best"].items():
+        if key == "end":
+            continue
+        reached = {k: r["summary"]["time_to_target"][key] for k, r in runs.items()
+                   if k.startswith("fastest-") and r["summary"]["time_to_target"][key]}
+        assert (label, tta) == min(((k, t) for k, t in reached.items()), key=lambda x: x[1])
+    assert "--horizons" in (results / "bench-h.md").read_text()
 
 
 @pytest.mark.slow

@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="rates to try per mode for --sweep-budget s each; the best is used")
     a("--sweep-budget", type=_positive(float), default=20.0,
       help="seconds of training time per sweep run, evaluated at its end (default: 20)")
+    a("--horizons", type=_floats(0.0, what="seconds"), default=None,
+      help="run every row once per listed budget of training time, over which its rate "
+      "schedule falls (a time to target depends on it): rows 'LABEL@Ts', and the fastest "
+      "device's best recipe at each target is the best of its recipes at every horizon "
+      "(default: --time-budget alone)")
     a("--repeats", type=_positive(int), default=1,
       help="runs per mode, seeds SEED..SEED+N-1; the table shows medians and ranges "
       "(default: 1)")
@@ -182,6 +187,8 @@ class Entry:
     mode: str
     changes: dict = dataclasses.field(default_factory=dict)
     lr_factor: float = 1.0
+    #: the row whose rate it takes (`at_horizons`: the row it is at one horizon)
+    rate_of: str | None = None
 
     def rate(self, choice: LrChoice) -> LrChoice:
         if self.lr_factor == 1:
@@ -198,6 +205,16 @@ def entries(args) -> list[Entry]:
         out.append(Entry(REFERENCE_PREFIX + recipe, mode, changes,
                          1 - changes.get("momentum", 0.0)))
     return out
+
+
+def at_horizons(rows: list[Entry], horizons: tuple[float, ...] | None) -> list[Entry]:
+    """Each row once per horizon of `--horizons` ('LABEL@Ts', its --time-budget T), the rate
+    chosen for the row kept; `rows` as they are without it."""
+    if not horizons:
+        return rows
+    return [dataclasses.replace(e, label=f"{e.label}@{t:g}s", rate_of=e.label,
+                                changes={**e.changes, "time_budget": t})
+            for e in rows for t in horizons]
 
 
 def _check(args, base: Config) -> None:
@@ -219,6 +236,12 @@ def _check(args, base: Config) -> None:
                               f"update alike, not by its samples; with --balanced-batches 1 "
                               f"give only modes that count samples: "
                               f"{', '.join(registry.names(counts_samples=True))}")
+    if args.horizons and "epochs" in vars(args):
+        raise ConfigError("--horizons/--epochs: a horizon is a budget of training time; give "
+                          "--horizons without --epochs")
+    if args.horizons and len(set(args.horizons)) != len(args.horizons):
+        given = ",".join(f"{t:g}" for t in args.horizons)
+        raise ConfigError(f"--horizons: {given} names a horizon twice")
     if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
@@ -404,10 +427,12 @@ def bench(args, argv: list[str], stream=None) -> int:
                    for e in rows}
     results = []
     seeds = [base.seed + i for i in range(args.repeats)]
+    rows = at_horizons(rows, args.horizons)
     plan = [(e, seed) for e in rows for seed in seeds]
     for k, (e, seed) in enumerate(plan, 1):
         run_name = e.label if args.repeats == 1 else f"{e.label}-seed{seed}"
-        run = make_run(args, base, e.label, choices[e.label], mode=e.mode, seed=seed,
+        run = make_run(args, base, e.label, choices[e.rate_of or e.label], mode=e.mode,
+                       seed=seed,
                        run_name=run_name, **e.changes)
         out = execute(run, k, len(plan), train_size=train_size, quiet=args.quiet,
                       stream=stream, label=run_name)
@@ -524,7 +549,9 @@ def _setup(args, base: Config) -> dict:
     scale_how = "given" if "speed_scale" in vars(args) else "the fit's"
     step_how = "given" if "step_work" in vars(args) else "measured"
     budget = (f"{base.epochs:g} epochs of data" if base.epochs is not None
-              else f"{base.time_budget:g} s of training time")
+              else f"{base.time_budget:g} s of training time" if not args.horizons
+              else " or ".join(f"{t:g}" for t in args.horizons)
+              + " s of training time (--horizons: each row at each)")
     return {"workers": base.workers,
             "slowdowns": ",".join(f"{f:g}" for f in base.slowdowns),
             "network": base.network, "dataset": base.dataset,
@@ -577,6 +604,11 @@ def _notes(args, base: Config, results, fastest, has_sync, speedup_at, load_befo
             + "; efficiency = x fastest ÷ capacity (1: every sample worth one of the fastest "
             "device's).",
         ]
+    if args.horizons:
+        notes.append("LABEL@Ts = the row trained T s, its rate's schedule falling over those "
+                     "T s (--horizons): a time to target depends on the horizon, so each "
+                     "row is shown at each, and the fastest device's best recipe at a target "
+                     "is the best of its recipes at every horizon.")
     notes += [(f"speedup vs sync = tta(sync) / tta(run) at {speedup_at:g}, same bench."
                if has_sync else "no successful sync run: speedup vs sync not shown."),
               (f"lr: best final {metric.short} of a {args.sweep_budget:g} s run at each of "
