@@ -160,7 +160,8 @@ def test_bad_flag_values_are_rejected_naming_the_flag(capsys, argv, flag):
     (["--balanced-batches", "1"], "--modes/--baselines: async, dcasgd, ddp, post-local-sgd "
                                   "weigh each worker's update alike"),
     (["--horizons", "30,45", "--epochs", "2"], "--horizons/--epochs"),
-    (["--horizons", "30,45,30"], "--horizons: 30,45,30 names a horizon twice"),
+    (["--horizons", "30,45,30.0000001"], "--horizons: 30,45,30 names a horizon twice"),
+    (["--horizons", "30,45", "--time-budget", "60"], "--horizons/--time-budget"),
     (["--modes", "esync-outer", "--baselines", "", "--spare-workers", "1"],
      "--spare-workers: the bench compares clusters whose devices all train from the start"),
 ])
@@ -315,13 +316,19 @@ def test_bench_runs_modes_and_a_baseline_and_writes_table_json_figures(tmp_path,
 def test_each_row_runs_at_each_horizon_and_the_fastest_is_read_at_its_best(tmp_path):
     results = tmp_path / "results"
     flags = [f for f in BENCH_FLAGS if f not in ("--time-budget", "3")]
-    code = modes.main(flags + ["--modes", "esync", "--baselines", "", "--reference", "sgd",
-                               "--horizons", "2,4", "--name", "h", "-ld", str(tmp_path / "runs"),
-                               "--results-dir", str(results)])
+    code = modes.main(flags + ["--modes", "sync,esync", "--baselines", "ddp", "--reference",
+                               "sgd", "--horizons", "2,4", "--name", "h",
+                               "-ld", str(tmp_path / "runs"), "--results-dir", str(results)])
     assert code == 0
     doc = json.loads((results / "bench-h.json").read_text())
     runs = {r["label"]: r for r in doc["runs"]}
-    assert list(runs) == ["esync@2s", "esync@4s", "fastest-sgd@2s", "fastest-sgd@4s"]
+    assert list(runs) == [f"{row}@{t}s" for row in ("sync", "esync", "ddp", "fastest-sgd")
+                          for t in (2, 4)]
+    for label, r in runs.items():  # read against the sync run of its own horizon
+        sync = runs["sync@" + label.split("@")[1]]["summary"]["time_to_target"]["0.7"]
+        tta = r["summary"]["time_to_target"]["0.7"]
+        assert r["speedup_vs_sync"]["0.7"] == pytest.approx(sync / tta if sync and tta
+                                                            else None), label
     for label, r in runs.items():  # trained as long as its horizon, its rate kept
         config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
         assert config["time_budget"] == float(label.split("@")[1].rstrip("s"))
@@ -336,7 +343,9 @@ def test_each_row_runs_at_each_horizon_and_the_fastest_is_read_at_its_best(tmp_p
         reached = {k: r["summary"]["time_to_target"][key] for k, r in runs.items()
                    if k.startswith("fastest-") and r["summary"]["time_to_target"][key]}
         assert (label, tta) == min(((k, t) for k, t in reached.items()), key=lambda x: x[1])
-    assert "--horizons" in (results / "bench-h.md").read_text()
+    table = (results / "bench-h.md").read_text()
+    assert "LABEL@Ts = the row trained T s" in table and "same horizon" in table
+    assert "ddp@2s = " in table and not (results / "bench-h" / "speedup.png").exists()
 
 
 @pytest.mark.slow

@@ -207,6 +207,11 @@ def entries(args) -> list[Entry]:
     return out
 
 
+def row_of(label: str) -> str:
+    """The row a run's label names, less its horizon ('esync-outer@30s': 'esync-outer')."""
+    return label.partition("@")[0]
+
+
 def at_horizons(rows: list[Entry], horizons: tuple[float, ...] | None) -> list[Entry]:
     """Each row once per horizon of `--horizons` ('LABEL@Ts', its --time-budget T), the rate
     chosen for the row kept; `rows` as they are without it."""
@@ -239,9 +244,12 @@ def _check(args, base: Config) -> None:
     if args.horizons and "epochs" in vars(args):
         raise ConfigError("--horizons/--epochs: a horizon is a budget of training time; give "
                           "--horizons without --epochs")
-    if args.horizons and len(set(args.horizons)) != len(args.horizons):
-        given = ",".join(f"{t:g}" for t in args.horizons)
-        raise ConfigError(f"--horizons: {given} names a horizon twice")
+    if args.horizons and "time_budget" in vars(args):
+        raise ConfigError("--horizons/--time-budget: each horizon is a run's budget of "
+                          "training time; give one of them")
+    named = [f"{t:g}" for t in args.horizons or ()]
+    if len(set(named)) != len(named):
+        raise ConfigError(f"--horizons: {','.join(named)} names a horizon twice")
     if "epochs" in vars(args) and "time_budget" in vars(args):
         raise ConfigError("--epochs/--time-budget: give one of them (the same budget of data "
                           "or of time for every run)")
@@ -503,7 +511,10 @@ def report(args, base: Config, name: str, command: str, labels: list[str],
     if end is not None:
         table_rows = combined(sorted(set(targets) | {end[1]}))
     fastest = res.compare_with_fastest(table_rows, targets, end)
-    has_sync = res.compute_speedups(table_rows, targets)
+    has_sync = False  # (each horizon's rows read against its own sync)
+    for suffix in [f"@{t:g}s" for t in args.horizons] if args.horizons else [""]:
+        has_sync |= res.compute_speedups([r for r in table_rows if r.label.endswith(suffix)],
+                                         targets, baseline=SPEEDUP_BASELINE + suffix)
 
     results_dir = results_dir or Path(args.results_dir)
     fig_dir = results_dir / f"bench-{name}"
@@ -524,7 +535,7 @@ def report(args, base: Config, name: str, command: str, labels: list[str],
                                 sequential=reference and reference.run_dir,
                                 sequential_label=reference and reference.label,
                                 ideal=fastest and reference and fastest.capacity,
-                                target=speedup_at)
+                                target=speedup_at, speedup=not args.horizons)
         notes += [f"figure skipped: {w.message}" for w in caught
                   if "skip" in str(w.message).lower()]
 
@@ -608,8 +619,10 @@ def _notes(args, base: Config, results, fastest, has_sync, speedup_at, load_befo
         notes.append("LABEL@Ts = the row trained T s, its rate's schedule falling over those "
                      "T s (--horizons): a time to target depends on the horizon, so each "
                      "row is shown at each, and the fastest device's best recipe at a target "
-                     "is the best of its recipes at every horizon.")
-    notes += [(f"speedup vs sync = tta(sync) / tta(run) at {speedup_at:g}, same bench."
+                     "is the best of its recipes at every horizon (@end: its best final "
+                     f"{metric.short} at any; speedup.png is not drawn).")
+    notes += [(f"speedup vs sync = tta(sync) / tta(run) at {speedup_at:g}, same bench"
+               + (", same horizon." if args.horizons else ".")
                if has_sync else "no successful sync run: speedup vs sync not shown."),
               (f"lr: best final {metric.short} of a {args.sweep_budget:g} s run at each of "
                + ",".join(f"{x:g}" for x in args.lr_sweep) + " per run."
@@ -620,8 +633,9 @@ def _notes(args, base: Config, results, fastest, has_sync, speedup_at, load_befo
               f"{os.cpu_count()} CPUs."]
     for r in results:
         if r.kind == "baseline":
-            notes.append(f"{r.label} = {registry.get(r.label).summary}, run by hetsync's "
-                         "training loop (hetsync.algorithms.baselines); traffic: the "
+            summary = registry.get(row_of(r.label)).summary
+            notes.append(f"{r.label} = {summary}, run by hetsync's training loop "
+                         "(hetsync.algorithms.baselines); traffic: the "
                          "theoretical ring all-reduce volume.")
     for r in results:
         if r.summary and r.summary.get("synced_fraction") is not None:

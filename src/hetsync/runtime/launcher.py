@@ -70,34 +70,14 @@ def _die_with_parent() -> None:
         pass
 
 
-#: the signals that stop the launcher (Ctrl-C, SIGTERM)
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
 def _child_setup(cores: list[int] | None):
-    """What a child runs before exec: take the stop signals again (`stop_signals_held`),
-    die with the launcher, and run on `cores` (None: where the launcher may;
-    `runtime/emulation.py` places emulated devices)."""
+    """What a child runs before exec: die with the launcher, and run on `cores` (None: where
+    the launcher may; `runtime/emulation.py` places emulated devices)."""
     def setup() -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         _die_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)
     return setup
-
-
-@contextlib.contextmanager
-def stop_signals_held():
-    """Hold Ctrl-C and SIGTERM while a child is forked and recorded; they are taken after.
-
-    A `preexec_fn` makes Popen run Python's at-fork handlers, and an exception a signal handler
-    raises inside one is printed and dropped: a SIGTERM landing there was lost and the launcher
-    went on. (Each child takes the signals again in `_child_setup`.)"""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class _Terminated(BaseException):
@@ -105,8 +85,35 @@ class _Terminated(BaseException):
     KeyboardInterrupt is: no `except Exception` on the way swallows it)."""
 
 
-def _raise_terminated(signum, frame):
-    raise _Terminated()
+#: while a child is forked (`stop_signals_held`): the stop signals taken meanwhile
+_deferred: list[int] | None = None
+
+
+def _on_stop_signal(signum, frame):
+    """Ctrl-C or SIGTERM reached the launcher: raise KeyboardInterrupt or `_Terminated`, or
+    while a child is forked, note it for `stop_signals_held` to raise."""
+    if _deferred is not None:
+        _deferred.append(signum)
+        return
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated()
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Take Ctrl-C and SIGTERM only once the child forked inside is recorded.
+
+    A `preexec_fn` makes Popen run Python's at-fork handlers, and an exception a signal handler
+    raises inside one is printed and dropped: a SIGTERM landing there was lost and the launcher
+    went on. (A mask would not do: the store's and the progress's threads take the signal, and
+    the main thread's handler still runs at its next bytecode, in the at-fork handler.)"""
+    global _deferred
+    _deferred = []
+    try:
+        yield
+    finally:
+        taken, _deferred = _deferred, None
+        if taken:
+            _on_stop_signal(taken[0], None)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -457,9 +464,10 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
-    if on_main_thread:  # Ctrl-C stops the run even if our parent left SIGINT ignored
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # (Ctrl-C stops the run even if our parent left SIGINT ignored)
+    previous = ({sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT,
+                                                                       signal.SIGTERM)}
+                if on_main_thread else {})
     page = cluster = None
     restarts = 0
     try:
@@ -497,8 +505,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         interrupted = True
         print("\ninterrupted: stopping every process of the run", file=stream)
     finally:
-        if on_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         progress.close()
         if cluster is not None:
             cluster.stop()

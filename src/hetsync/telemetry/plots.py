@@ -400,6 +400,7 @@ def plot_runs(
     target: float | None = None,
     sequential_label: str | None = None,
     ideal: float | None = None,
+    speedup: bool = True,
 ) -> list[Path]:
     """Write the comparison figures of ``run_dirs`` into ``out_dir`` and return their paths:
     ``accuracy.png`` (``loss.png`` for runs judged by loss), ``throughput.png``, ``traffic.png``, ``computing_time_ratio.png``,
@@ -412,6 +413,7 @@ def plot_runs(
     as a dashed line (labelled ``sequential_label``, by default "sequential SGD"); with
     ``ideal`` (a capacity ratio), also its curve with time divided by it, dotted: where a
     cluster of that capacity would be if every sample counted as one of the device's.
+    ``speedup`` False: no ``speedup.png`` (runs at several horizons have a sync run each).
     """
     if not run_dirs:
         raise ValueError("plot_runs needs at least one run directory")
@@ -428,8 +430,8 @@ def plot_runs(
         _plot_traffic(runs, out / "traffic.png"),
         _plot_computing_time_ratio(runs, out / "computing_time_ratio.png"),
     ]
-    sp = _plot_speedup(runs, out / "speedup.png", target, metric)
-    if sp is not None:
+    sp = speedup and _plot_speedup(runs, out / "speedup.png", target, metric)
+    if sp:
         paths.append(sp)
     paths += [_plot_timeline(r, out / f"timeline-{_filename_part(r.label)}.png") for r in runs]
     return paths
