@@ -6,7 +6,8 @@ For each of `--modes` and each of `--baselines` (PyTorch's DDP and post-local SG
 
 1. the same cluster (`--workers`, `--slowdowns`), model, data set, partition, seed and
    stopping rule (`--time-budget` seconds of training time, or `--epochs` of data) for every
-   run; a mode's own options (e.g. `--localsgd-period`) reach its runs;
+   run — or with `--horizons`, each row once per budget of time (`at_horizons`); a mode's
+   own options (e.g. `--localsgd-period`) reach its runs;
 2. the emulated devices fitted into this machine's cores once, for every run
    (:mod:`hetsync.runtime.emulation`: one speed scale, one measured reference step, the
    fastest devices on cores of their own), so every run sees the same absolute speeds;
