@@ -334,15 +334,16 @@ def test_each_row_runs_at_each_horizon_and_the_fastest_is_read_at_its_best(tmp_p
         assert config["time_budget"] == float(label.split("@")[1].rstrip("s"))
         assert r["lr"] == runs[label.split("@")[0] + "@2s"]["lr"]
         evals = (Path(r["run_dir"]) / "eval.jsonl").read_text().splitlines()
-        assert json.loads(evals[-1])["train_time"] == pytest.approx(config["time_budget"],
-                                                                    abs=1.0)
+        # (the evaluator writes the snapshots it skipped after the final model)
+        assert max(json.loads(e)["train_time"] for e in evals) == pytest.approx(
+            config["time_budget"], abs=1.0)
     # the fastest device's best recipe at each target: the best of its recipes at each horizon
     for key, (label, tta) in doc["fastest_device"]["best"].items():
         if key == "end":
             continue
         reached = {k: r["summary"]["time_to_target"][key] for k, r in runs.items()
                    if k.startswith("fastest-") and r["summary"]["time_to_target"][key]}
-        assert (label, tta) == min(((k, t) for k, t in reached.items()), key=lambda x: x[1])
+        assert (label, tta) == min(reached.items(), key=lambda item: item[1])
     table = (results / "bench-h.md").read_text()
     assert "LABEL@Ts = the row trained T s" in table and "same horizon" in table
     assert "ddp@2s = " in table and not (results / "bench-h" / "speedup.png").exists()

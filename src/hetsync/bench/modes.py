@@ -441,8 +441,7 @@ def bench(args, argv: list[str], stream=None) -> int:
     for k, (e, seed) in enumerate(plan, 1):
         run_name = e.label if args.repeats == 1 else f"{e.label}-seed{seed}"
         run = make_run(args, base, e.label, choices[e.rate_of or e.label], mode=e.mode,
-                       seed=seed,
-                       run_name=run_name, **e.changes)
+                       seed=seed, run_name=run_name, **e.changes)
         out = execute(run, k, len(plan), train_size=train_size, quiet=args.quiet,
                       stream=stream, label=run_name)
         out.seed = seed
