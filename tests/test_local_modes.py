@@ -94,6 +94,72 @@ def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta(batches):
         torch.testing.assert_close(ours, results[0][0])  # one global model
 
 
+def _overlapped_diloco_run(rank, world, inner_steps, rounds):
+    """DiLoCo with --overlap 1 on real ranks, and beside it by hand: each round's mean delta
+    is applied by torch.optim.SGD (Nesterov) at the end of the next round, the steps taken
+    meanwhile kept on top of the new global weights, and the last one at `finish`. (The loop
+    also `poll`s, which applies a sum as soon as it is in; without it each waits for the
+    next round's end: the latest it can be applied.) Returns (DiLoCo's global weights, the
+    hand's, this rank's local weights before `finish`)."""
+    from hetsync.comm.channel import Channel
+
+    group = dist.new_group(list(range(world)))
+    channel = Channel(dist.new_group(list(range(world))))
+    torch.manual_seed(0)
+    model = SmallNet()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
+                                          channel=channel),
+                  DiLoCoOptions(inner_steps=inner_steps, overlap=True))
+    algo.setup()
+    params = list(model.parameters())
+    hand = torch.nn.Parameter(flatten(params).clone())
+    hand_outer = torch.optim.SGD([hand], lr=0.7, momentum=0.9, nesterov=True)
+    fast = SmallNet()
+    fast.load_state_dict(model.state_dict())
+    fast_opt = torch.optim.SGD(fast.parameters(), lr=LR)
+    x, y = batch(rank)
+    pending = None  # (the mean delta in flight, the local weights sent with it)
+
+    def settle_by_hand():
+        mean, sent = pending
+        hand.grad = -mean
+        hand_outer.step()
+        local = flatten(list(fast.parameters()))
+        unflatten_into(hand.detach() + (local - sent), list(fast.parameters()))
+
+    for r in range(rounds):
+        for k in range(inner_steps):
+            for net, o in ((model, opt), (fast, fast_opt)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+            action = algo.decide(Step(0.0, 0.01))
+            assert (action is Action.AVERAGE_MODELS) == (k == inner_steps - 1)
+            fast_opt.step()
+            algo.perform(action)
+        if pending is not None:
+            settle_by_hand()
+        sent = flatten(list(fast.parameters())).clone()
+        delta = sent - hand.detach()
+        dist.all_reduce(delta, group=group)
+        pending = delta / world, sent
+    local = flatten(params).clone()
+    algo.finish()
+    settle_by_hand()
+    ours = flatten(params).clone()
+    channel.close()
+    return ours, hand.detach().clone(), local
+
+
+@pytest.mark.slow
+def test_overlapped_diloco_applies_each_rounds_outer_step_one_round_late():
+    results = run_ranks(_overlapped_diloco_run, 3, 2, 3)
+    for ours, hand, _ in results:
+        torch.testing.assert_close(ours, hand)
+        torch.testing.assert_close(ours, results[0][0])  # one global model
+    assert not torch.allclose(results[0][2], results[1][2])  # from workers' own models
+
+
 def _push(rule, worker, g, steps=4, step_time=0.01):
     return rule.push(worker, torch.cat([g, torch.tensor([float(steps), step_time])]))
 

@@ -182,9 +182,9 @@ def _check_joinable(cfg: Config, args) -> None:
         raise ConfigError("--join: give --run-dir, the directory of the running job to join")
     if cfg.workers < 2 or not cfg.admits_workers:
         raise ConfigError(f"--join: mode {cfg.effective_mode} cannot take in a worker while "
-                          f"it runs; the asynchronous parameter-server modes can, and esync "
-                          f"and esync-outer with --overlap 1, more than one worker, deferred "
-                          f"evaluation and no parameter server")
+                          f"it runs; the asynchronous parameter-server modes can, and esync, "
+                          f"esync-outer and diloco with --overlap 1, more than one worker, "
+                          f"deferred evaluation and no parameter server")
 
 
 def _restarted_by_torchrun(args, cfg: Config) -> bool | str:

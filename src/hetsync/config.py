@@ -201,7 +201,7 @@ class Config:
         "help": "the last N of --workers are spares: they are not started with the others "
                 "and join the running job later (launch starts them --spare-start seconds "
                 "in; elsewhere `hetsync worker --join`, not under torchrun); the "
-                "asynchronous parameter-server modes, and esync and esync-outer in the "
+                "asynchronous parameter-server modes, and esync, esync-outer and diloco in the "
                 "background"})
     spare_start: float = field(default=20.0, metadata={"flags": ("--spare-start",),
         "help": "launch, with --spare-workers: seconds of the run after which the spares "
@@ -468,8 +468,9 @@ class Config:
         if self.spare_workers and not self.admits_workers:
             raise bad("spare_workers", f"0 with -m {self.effective_mode}: spares join the "
                                        f"running job in the asynchronous parameter-server "
-                                       f"modes, and in esync and esync-outer with --overlap "
-                                       f"1, deferred evaluation and no parameter server")
+                                       f"modes, and in esync, esync-outer and diloco with "
+                                       f"--overlap 1, deferred evaluation and no parameter "
+                                       f"server")
         if not 0 < self.spare_start <= MAX_WAIT_S:
             raise bad("spare_start", f"a finite number of seconds > 0, at most "
                                      f"{MAX_WAIT_S:g}")

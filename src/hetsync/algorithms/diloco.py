@@ -13,16 +13,24 @@ Per round, on every worker:
 H is the same for every worker, as published: on a heterogeneous cluster the faster workers
 wait at the round's all-reduce for the slowest one's H steps (timed as `wait`). That is what
 ESync's round length changes (`esync-outer` is this composition with the state server's plan
-in place of H). It is a composition of the local-step parts (`hetsync.algorithms.local_rounds`)
-with `round_length.FixedSteps`; hetsync departs from the paper in averaging the BatchNorm
-statistics with the deltas (the paper's transformers have none).
+in place of H), and what `--balanced-batches` evens out (each device's batch in proportion to
+its speed, so that H steps take each about as long). It is a composition of the local-step
+parts (`hetsync.algorithms.local_rounds`) with `round_length.FixedSteps`; hetsync departs from
+the paper in averaging the BatchNorm statistics with the deltas (the paper's transformers have
+none).
+
+`--overlap 1` departs from the paper as Streaming DiLoCo's overlapped communication does
+(Douillard et al., 2025, one round of delay): step 2's all-reduce runs in the background
+during the next round's H steps, and its outer step is applied when it arrives, keeping the
+steps taken meanwhile (`LocalRounds`, step 4). The round-end wait for a slower worker's
+delta then falls on the next round's end, after H more steps of its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hetsync.algorithms.local_rounds import LocalRounds, global_update
+from hetsync.algorithms.local_rounds import LocalRounds, OverlapOptions, global_update
 from hetsync.algorithms.outer import OuterOptions, WeightingOptions
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import FixedSteps
@@ -45,12 +53,14 @@ class InnerStepsOptions:
 
 
 @dataclass
-class DiLoCoOptions(InnerStepsOptions, WeightingOptions, OuterOptions):
-    """DiLoCo's options: H, the weighting of the deltas and the outer step's."""
+class DiLoCoOptions(InnerStepsOptions, OverlapOptions, WeightingOptions, OuterOptions):
+    """DiLoCo's options: H, whether the sums overlap the next round, the weighting of the
+    deltas and the outer step's."""
 
     def validate(self) -> "DiLoCoOptions":
         self.validate_outer()
         self.validate_weighting()
+        self.validate_overlap(False)
         self.validate_inner()
         return self
 
@@ -65,7 +75,8 @@ class DiLoCo(LocalRounds):
         options = (options or DiLoCoOptions()).validate()
         super().__init__(model, optimizer, comm, options,
                          length=FixedSteps(options.inner_steps),
-                         settings=global_update(self.defaults, options))
+                         settings=global_update(self.defaults, options),
+                         overlap=bool(options.overlap))
 
     def describe(self):
         return {**super().describe(), "inner_steps": self.options.inner_steps}

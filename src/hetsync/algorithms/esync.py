@@ -51,7 +51,7 @@ from typing import Any, Callable
 import torch
 
 from hetsync.algorithms.base import Step
-from hetsync.algorithms.local_rounds import LocalRounds, global_update
+from hetsync.algorithms.local_rounds import LocalRounds, OverlapOptions, global_update
 from hetsync.algorithms.outer import OuterOptions, WeightingOptions
 from hetsync.algorithms.registry import ModeSpec, register
 from hetsync.algorithms.round_length import StepTimes
@@ -61,9 +61,10 @@ from hetsync.state.service import STATE_SERVER
 
 
 @dataclass
-class ESyncOptions(WeightingOptions, OuterOptions):
-    """ESync's own options (and the outer step's, `-gl --outer-momentum`, and how the deltas
-    combine, `--weighting`)."""
+class ESyncOptions(OverlapOptions, WeightingOptions, OuterOptions):
+    """ESync's own options (and the outer step's, `-gl --outer-momentum`, how the deltas
+    combine, `--weighting`, and whether the sums overlap, `--overlap`: by default they do,
+    where ESync as published waits for them)."""
 
     local_lr: float | None = field(default=None, metadata={
         "flags": ("-ll", "--local-lr"), "help": "ESync local learning rate (default: -l)"})
@@ -77,11 +78,6 @@ class ESyncOptions(WeightingOptions, OuterOptions):
         "help": "ESync readiness margin ε, a fraction of the caller's step time c: stop when "
                 "c(1+ε) > the slowest's time left; auto: the round length that keeps the "
                 "workers busiest, a planned step may overrun it by c/P"})
-    overlap: bool = field(default=True, metadata={
-        "flags": ("--overlap",),
-        "help": "ESync: sum the weight deltas in the background while the next round's first "
-                "steps run (0/1; 0: ESync as published) (default: 1; esync-outer on a "
-                "non-IID partition: 0)"})
     max_local_steps: int = field(default=0, metadata={
         "flags": ("--max-local-steps",),
         "help": "end a worker's round after at most N local steps; a faster worker then "
@@ -94,6 +90,7 @@ class ESyncOptions(WeightingOptions, OuterOptions):
 
         self.validate_outer()
         self.validate_weighting()
+        self.validate_overlap(True)
         if self.local_lr is not None and not (0 < self.local_lr < float("inf")):
             raise invalid_option(self, "local_lr", "a finite number > 0")
         if self.drift_correction is not None and self.drift_correction not in DRIFT_CORRECTIONS:
@@ -263,12 +260,6 @@ class ESync(LocalRounds):
         self._run_base = int(self.comm.broadcast(torch.tensor(
             [secrets.randbits(62) if self.comm.leads else 0])))
         self.comm.service.run = f"{self._run_base:016x}"
-
-    @classmethod
-    def goes_on_without_a_worker(cls, options: ESyncOptions) -> bool:
-        # In the background the main thread waits only on its channel, which can be told
-        # to give up; as published (blocking) it sits in gloo until the timeout.
-        return bool(options.overlap)
 
     def rejoin(self) -> None:
         """After a regroup (see `LocalRounds.rejoin`), the leader also starts the state

@@ -28,6 +28,7 @@ mean is over the workers that took steps.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -46,10 +47,28 @@ def global_update(defaults: dict[str, Any], options: Any) -> dict[str, Any]:
             for k, default in defaults.items()}
 
 
+@dataclass
+class OverlapOptions:
+    """Whether a round's sum overlaps the next round's steps, shared by the modes built on
+    `LocalRounds` (each mode's own default where not given: `validate_overlap`)."""
+
+    overlap: bool | None = field(default=None, metadata={
+        "flags": ("--overlap",),
+        "help": "sum the weight deltas in the background while the next round's steps run, "
+                "the global update applied a round late (0/1) (default: 1 for esync; for "
+                "esync-outer 1, 0 on a non-IID partition; 0 for diloco, as published)"})
+
+    def validate_overlap(self, default: bool) -> None:
+        """Not given: the mode's `default`."""
+        if self.overlap is None:
+            self.overlap = default
+
+
 class LocalRounds(Mode):
     """The parts composed (see the module docstring). A mode built on it passes its round
     length, its global update's settings (global_lr, outer_momentum, weighting,
-    drift_correction), whether the sums overlap the next round, and a step limit."""
+    drift_correction), whether the sums overlap the next round (its options' `overlap`),
+    and a step limit."""
 
     counts_contributors = True
 
@@ -174,6 +193,12 @@ class LocalRounds(Mode):
         self.optimizer.state.clear()  # local momentum belongs to the dropped steps
         if self.variates is not None:
             self.variates.reset()
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options: Any) -> bool:
+        # In the background the main thread waits only on its channel, which can be told
+        # to give up; blocking, it sits in gloo until the timeout.
+        return bool(getattr(options, "overlap", False))
 
     @classmethod
     def admits_a_worker(cls, options: Any) -> bool:
