@@ -134,6 +134,15 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
     state = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
                                           records=records)
     assert state["data"] == {"epoch": 0, "batch": 12} and state["records_until"] == 3.0
+    # rank 0 drew its shard once it was lost (runtime/shards.py), in records the resume
+    # keeps: it draws on after those
+    held = [{"rank": 0, "round": 42, "t_end": 2.8, "drawn": [[3, 0, 4]],
+             "held": [{"shard": 1, "drawn": [[0, 12, 15]], "epoch_batches": 30}]},
+            {"rank": 0, "round": 43, "t_end": 3.2, "drawn": [[3, 4, 6]],
+             "held": [{"shard": 2, "drawn": [[0, 0, 17]], "epoch_batches": 30}]}]
+    state = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
+                                          records=records, held=held)
+    assert state["data"] == {"epoch": 0, "batch": 15}
     assert (state["round"], state["mode"]) == (30, {"round": 30})  # the leader's count
     # asynchronous: it counts on from its own last kept round, not the leader's
     counting = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1,
@@ -546,6 +555,14 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     assert "spare rank 2 joined" in out and "lost and joined again" not in out
     assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0, \
         summary["ledger"]
+    # its shard was drawn from the start, by rank 0 (runtime/shards.py: holder(2, [0, 1]))
+    # until it joined, then by itself from where rank 0 had got to
+    assert summary["ledger"]["per_worker"]["2"]["drawn_by"] == [0, 2], summary["ledger"]
+    records = [[json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text()
+                .splitlines()] for rank in (0, 2)]
+    held = [h["drawn"] for r in records[0] for h in r.get("held", ())]
+    own = [r["drawn"] for r in records[1] if r.get("drawn")]
+    assert held[0][0][:2] == [0, 0] and own[0][0][:2] == held[-1][-1][::2], (held, own[:2])
 
 
 @pytest.mark.slow

@@ -211,7 +211,8 @@ def test_every_field_of_the_loops_round_record_is_a_standard_one():
     rnd = RoundAccount()
     rnd.draw(0, 0)
     record = rnd.record(mode, 0, 1, 0.0, 0.0, 0)
-    assert set(record) | {"epoch_batches"} == ROUND_FIELDS
+    # (the loop adds the shards' batches per epoch, and the draws of shards held for others)
+    assert set(record) | {"epoch_batches", "held"} == ROUND_FIELDS
 
 
 def test_wall_time_falls_back_to_latest_record_when_run_crashed(tmp_path):
@@ -421,7 +422,7 @@ def test_the_data_ledger_counts_batches_drawn_twice_skipped_and_left():
     led = run_ledger({0: clean, 1: faulty, 2: short, 3: [{"round": 1}]})
     per = led["per_worker"]
     assert per["0"] == {"epochs": 2, "batches_twice": 0, "batches_skipped": 0,
-                        "batches_left_in_last_epoch": 5, "epoch_batches": 6}
+                        "batches_left_in_last_epoch": 5, "epoch_batches": 6, "drawn_by": [0]}
     assert per["1"]["batches_twice"] == 1 and per["1"]["batches_skipped"] == 2
     assert per["1"]["batches_left_in_last_epoch"] == 2
     assert per["2"]["batches_skipped"] == 1       # epoch 0's last batch, never drawn

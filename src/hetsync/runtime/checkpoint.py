@@ -225,20 +225,22 @@ def resumable(run_dir: Path, workers: int, collective: bool) -> bool:
 
 def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
                        own_newest: int | None, records: list[dict[str, Any]] = (),
-                       own_rounds: bool = False) -> dict:
+                       own_rounds: bool = False, held: list[dict[str, Any]] = ()) -> dict:
     """The checkpoint of a `rank` that checkpoint `index` was written without (it was lost):
     its `leader`'s file of `index` (round, loop counters, mode state) with no optimizer
     state. Of the rank's round `records`, those that ended before the checkpoint are kept
     (`records_until`): their work went into the global model it restarts from (a later one
     is an attempt since, e.g. a resume that failed, and is dropped). Its data position is
-    where the kept records' draws end, else that of its own newest checkpoint `own_newest`,
-    else its start. The mode's `restart_state` keeps of the leader's state only what the
-    workers share. `own_rounds`: each worker counts its own rounds (an asynchronous mode):
-    the rank counts on after its last kept record instead of taking the leader's count."""
+    where the draws of its shard end in the kept records and in the other workers' records
+    that the resume keeps (`held`: those of the members that drew its shard meanwhile,
+    `runtime/shards.py`), else that of its own newest checkpoint `own_newest`, else its
+    start. The mode's `restart_state` keeps of the leader's state only what the workers
+    share. `own_rounds`: each worker counts its own rounds (an asynchronous mode): the rank
+    counts on after its last kept record instead of taking the leader's count."""
     peer = load(file_of(run_dir, index, leader))
     until = float(peer["loop"]["t"])
     kept = [r for r in records if r.get("t_end", math.inf) <= until]
-    reached = ledger.reached(kept)
+    reached = ledger.reached([{**r, "rank": rank} for r in kept] + list(held), shard=rank)
     data = (reached if reached is not None else
             load(file_of(run_dir, own_newest, rank))["data"] if own_newest is not None
             else {"epoch": 0, "batch": 0})

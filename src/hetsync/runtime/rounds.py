@@ -47,6 +47,8 @@ class RoundAccount:
     #: the data ledger: [epoch, first batch, end batch) ranges of the worker's shard that
     #: this round drew (`draw`); a record's `drawn` (docs/design.md, "The data ledger")
     drawn: list[list[int]] = field(default_factory=list)
+    #: the same of the shards it draws for others (`runtime/shards.py`), by shard
+    held: dict[int, list[list[int]]] = field(default_factory=dict)
 
     def add_step(self, compute_s: float, loss: float, samples: int = 0) -> None:
         """A step's forward, backward and emulated slowdown (`compute_s`: less what the
@@ -57,13 +59,15 @@ class RoundAccount:
         self.samples += samples
         self.loss_sum += loss
 
-    def draw(self, epoch: int, batch: int) -> None:
-        """Batch `batch` (0-based) of the shard's epoch `epoch` was drawn."""
-        last = self.drawn[-1] if self.drawn else None
+    def draw(self, epoch: int, batch: int, shard: int | None = None) -> None:
+        """Batch `batch` (0-based) of epoch `epoch` of the worker's shard (or of `shard`,
+        another's it holds) was drawn."""
+        drawn = self.drawn if shard is None else self.held.setdefault(shard, [])
+        last = drawn[-1] if drawn else None
         if last is not None and last[0] == epoch and last[2] == batch:
             last[2] += 1
         else:
-            self.drawn.append([epoch, batch, batch + 1])
+            drawn.append([epoch, batch, batch + 1])
 
     def record(self, mode, rank: int, round_: int, t0: float, eval_total: float,
                epoch: int) -> dict[str, Any]:

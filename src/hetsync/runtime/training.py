@@ -51,9 +51,11 @@ import torch
 from hetsync.algorithms.base import ControlPath, Mode, Step
 from hetsync.comm.errors import CommError
 from hetsync.config import Config
+from hetsync.runtime import shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
+from hetsync.runtime.membership import shared
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
 from hetsync.telemetry.recorder import JsonlWriter
@@ -85,14 +87,18 @@ class TrainingLoop:
 
     def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
                  device: torch.device, recorder, run_dir=None, store=None,
-                 progress=None, checkpointer=None, membership=None, joining: bool = False):
+                 progress=None, checkpointer=None, membership=None, joining: bool = False,
+                 sampler_of=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
         #: this process is a lost rank's, joining the running job (`run` enters it first)
         self.joining = joining
         self.admits = membership is not None and mode.admits_a_worker(mode.options)
-        self.batches, self.train_set, self.test_set = batches, train_set, test_set
+        self.train_set, self.test_set = train_set, test_set
+        #: the shards this worker draws: its own, and a lost worker's or a spare's it holds
+        #: (`runtime/shards.py`; `sampler_of(rank)`: another worker's sampler)
+        self.held = shards.HeldShards(rank, batches, sampler_of)
         self.device = device
         self.recorder, self.run_dir = recorder, run_dir
         #: the leader's `eval.jsonl` and `SnapshotWriter` (`_take_lead`)
@@ -115,12 +121,7 @@ class TrainingLoop:
         self._evaluations = 0                  # agreed evaluations so far (all ranks alike)
         self._checkpoint_due = False
         self._global_state: dict | None = None  # the leader: the global model at the due point
-        self._position = (0, 0)                 # data position: (epoch, batches of it taken)
-        self._unrecorded: list[list[int]] = []  # (see `restore`)
-        self._round_start = (0, 0)              # where the unrecorded round's draws begin
-        # the shard's batches per epoch, for the data ledger (an injecting sampler wraps it)
-        self._epoch_batches = getattr(getattr(batches, "sampler", batches),
-                                      "batches_per_epoch", None)
+        self._unrecorded = RoundAccount()       # (see `restore`)
         self._last_recorded = 0
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
@@ -375,20 +376,78 @@ class TrainingLoop:
         self._last_recorded = int(checkpoint["recorded_round"])
         self.start_at(checkpoint["data"]["epoch"], checkpoint["data"]["batch"])
         # drawn in a round cut short by the stop: the resumed first round's record has them
-        self._unrecorded = [list(map(int, r)) for r in checkpoint["data"].get("drawn", ())]
+        # (and those of the shards it held for others: the ledger keeps them too)
+        data = checkpoint["data"]
+        self._unrecorded = RoundAccount(
+            drawn=[list(map(int, r)) for r in data.get("drawn", ())],
+            held={int(h["shard"]): h["drawn"] for h in data.get("held", ())})
 
     def start_at(self, epoch: int, batch: int) -> None:
         """Draw from batch `batch` of epoch `epoch` on (the batches before it were trained
         on: a checkpoint's data position, or where a joining rank's recorded draws end)."""
-        self.batches.resume_at(epoch, batch)
-        self._position = (epoch, batch)
+        self.held.start_at(self.rank, epoch, batch)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """This worker's own shard's data position: (epoch, batches of it taken)."""
+        return self.held.shards[self.rank].position
+
+    # ------------------------------------------------------------------ shards held
+    # (`runtime/shards.py`: a regrouping run's lost workers' and absent spares' shards)
+    def _hold_shards(self, joined: bool) -> None:
+        """At the start: the absent spares' shards this worker holds (from their start: a
+        resumed run starts every rank), then where every shard it holds stands."""
+        if self.membership is None:
+            return
+        if not joined:
+            for shard in self._mine():
+                if shard != self.rank:
+                    self.held.hold(shard, (0, 0))
+        self._publish_positions()
+
+    def _mine(self) -> list[int]:
+        return shards.held_by(self.rank, self.membership.members, self.run_ranks)
+
+    def _publish_positions(self) -> None:
+        if self.membership is not None:
+            shards.publish(shared(self.store), self.held.positions())
+
+    def _take_shards(self, position_of, keep: bool, own: bool = False) -> None:
+        """The members changed: let go of the shards another member holds now, and hold
+        those this one does from `position_of(shard)` — but those it held already, where
+        it `keep`s them (not after a regroup, which drops the round in progress: each is
+        taken again from where its holder's records end), and its own unless `own` (it
+        joins: a member held it while it was away)."""
+        mine = self._mine()
+        for shard in self.held.others():
+            if shard not in mine or not keep:
+                self.held.release(shard)
+        for shard in mine:
+            if shard == self.rank:
+                if own:
+                    self.start_at(*position_of(shard))
+            elif shard not in self.held.shards:
+                self.held.hold(shard, position_of(shard))
+
+    def _hand_over_shards(self, joined: bool) -> None:
+        """An admission (nothing dropped): hand on, as they stand now, the shards another
+        member holds from this generation on, then take those this one does (`joined`:
+        this worker is one that joins)."""
+        store, generation = shared(self.store), self.membership.generation
+        mine = self._mine()
+        for shard in self.held.others():
+            if shard not in mine:
+                shards.hand_over(store, generation, shard, self.held.shards[shard].position)
+        self._take_shards(lambda shard: shards.taken_over(
+            store, generation, shard, self.cfg.timeout, alarm=self.membership.alarm),
+            keep=True, own=joined)
 
     def _checkpoint_after(self, train_time: float) -> float:
         """When an asynchronous mode's worker > 0 writes its next checkpoint."""
         return train_time + self.cfg.checkpoint_every * self.cfg.eval_interval
 
-    def _write_checkpoint(self, st: LoopState, unrecorded: list[list[int]] = ()) -> None:
-        """`unrecorded`: the batches drawn in a round the stop cut short (the ledger's)."""
+    def _write_checkpoint(self, st: LoopState, cut: RoundAccount | None = None) -> None:
+        """`cut`: the round the stop cut short, whose draws the ledger keeps."""
         if self.snapshots is not None:  # the snapshots before the checkpoint are on disk
             self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
@@ -405,8 +464,10 @@ class TrainingLoop:
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode, "lost": sorted(restart),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
-                 "data": {"epoch": self._position[0], "batch": self._position[1],
-                          "drawn": [list(r) for r in unrecorded]},
+                 "data": {"epoch": self.position[0], "batch": self.position[1],
+                          "drawn": [list(r) for r in cut.drawn] if cut else [],
+                          "held": [{"shard": shard, "drawn": drawn} for shard, drawn
+                                   in sorted(cut.held.items())] if cut else []},
                  "loop": {"t": now - st.t0, "eval_total": st.eval_total,
                           "train_time": st.train_time(now), "samples_seen": st.samples_seen,
                           "last_eval_train_time": st.last_eval_train_time,
@@ -439,16 +500,15 @@ class TrainingLoop:
         if self.joining and not self._enter(st):
             return st  # the run ended before this process was let in
         mode.module.train()
-        rnd = RoundAccount(st.eval_total, drawn=self._unrecorded)
-        self._round_start = (tuple(self._unrecorded[0][:2]) if self._unrecorded
-                             else self._position)
+        rnd = RoundAccount(st.eval_total, drawn=self._unrecorded.drawn,
+                           held=self._unrecorded.held)
+        if rnd.drawn:
+            self.held.shards[self.rank].round_start = tuple(rnd.drawn[0][:2])
+        self._hold_shards(joined=self.joining)
         comm.clock.take()
-        draws = iter(self.batches)  # (endless: the shard's epochs one after another)
         while True:
-            epoch, idx = next(draws)
-            self._position = ((epoch, self._position[1] + 1) if epoch == self._position[0]
-                              else (epoch, 1))
-            rnd.draw(epoch, self._position[1] - 1)
+            shard, epoch, number, idx = self.held.draw()
+            rnd.draw(epoch, number, shard=None if shard == self.rank else shard)
             started, waited = timer.begin(), comm.clock.total()
             self._schedule_lr(st, started)
             x, y = self.train_set.batch(idx)
@@ -468,10 +528,10 @@ class TrainingLoop:
             rnd.add_step((ended - started) - (comm.clock.total() - waited), loss_value,
                          len(idx))
             try:
-                stop, rnd = self._communicate(st, rnd, Step(started, ended, epoch))
+                stop, rnd = self._communicate(st, rnd, Step(started, ended, self.position[0]))
             except CommError as err:
                 self._regroup(st, err)  # (or raises)
-                draws = self._redraw()
+                self.held.redraw()  # the dropped round's batches again (the ledger skips none)
                 stop, rnd = False, RoundAccount(st.eval_total)
             if stop:
                 break
@@ -483,7 +543,7 @@ class TrainingLoop:
             self._regroup(st, err)
             mode.finish()
         if self._checkpoint_due:  # a stop agreed mid-round (background, store)
-            self._write_checkpoint(st, unrecorded=rnd.drawn)
+            self._write_checkpoint(st, cut=rnd)
         return st
 
     def _communicate(self, st: LoopState, rnd: RoundAccount,
@@ -519,16 +579,12 @@ class TrainingLoop:
         members = self.membership.go_on(
             self.mode, err, then=lambda: self._take_leaders_counts(st, joined=False))
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
+        self._take_shards(lambda shard: shards.published(shared(self.store), shard),
+                          keep=False)
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
               f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
               f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)
-
-    def _redraw(self):
-        """After a regroup, which dropped the round in progress: the draws from its first
-        batch on, so that its batches are drawn again (the data ledger skips none)."""
-        self.start_at(*self._round_start)
-        return iter(self.batches)
 
     def _admit(self, st: LoopState) -> None:
         """The round's agreement lets the ranks the leader offered a place join
@@ -538,6 +594,7 @@ class TrainingLoop:
         made fails them at the timeout: the members then regroup without it.)"""
         self.mode.settle()
         joining = self.membership.admit()
+        self._hand_over_shards(joined=False)
         self._share_with_joiners(st, joined=False)
         print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
               f"joined at round {self.mode.round} (workers "
@@ -552,6 +609,7 @@ class TrainingLoop:
             return self._enter_server(st, asked)
         if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
             return False
+        self._hand_over_shards(joined=True)
         self._share_with_joiners(st, joined=True)
         print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
               f"{time.perf_counter() - asked:.2f} s after asking (workers "
@@ -642,11 +700,17 @@ class TrainingLoop:
 
     def _record(self, round_: int, rnd: RoundAccount, st: LoopState, epoch: int) -> None:
         self._last_recorded = round_
-        self._round_start = self._position  # (the next round's draws begin here)
+        self.held.round_over()  # (the next round's draws begin here)
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
-        if rnd.drawn and self._epoch_batches is not None:
-            record["epoch_batches"] = self._epoch_batches
+        batches = self.held.epoch_batches
+        if rnd.drawn and batches[self.rank] is not None:
+            record["epoch_batches"] = batches[self.rank]
+        if rnd.held:  # (a shard handed on this round is in it too)
+            record["held"] = [{"shard": shard, "drawn": drawn,
+                               "epoch_batches": batches.get(shard)}
+                              for shard, drawn in sorted(rnd.held.items())]
         self.recorder.write(record)
+        self._publish_positions()
 
 
 def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

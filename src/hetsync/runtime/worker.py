@@ -225,14 +225,19 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
         _serve_parameters(cfg, model, run_dir, spares)
         return run_dir
 
-    batches = ShardSampler(shards[rank], cfg.batch_of(rank), seed=cfg.seed * 1000 + rank)
-    if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
-        from hetsync.data.injection import InjectingSampler
+    def sampler_of(r: int):
+        """Worker `r`'s batches (this worker's own, or a shard it holds for `r`)."""
+        batches = ShardSampler(shards[r], cfg.batch_of(r), seed=cfg.seed * 1000 + r)
+        if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
+            from hetsync.data.injection import InjectingSampler
 
-        batches = InjectingSampler(batches, data.train.labels.numpy(), shards[rank],
-                                   batch_size=cfg.batch_of(rank), workers=cfg.workers,
-                                   alpha=cfg.inject_alpha, beta=cfg.inject_beta,
-                                   seed=cfg.seed * 1000 + rank)
+            batches = InjectingSampler(batches, data.train.labels.numpy(), shards[r],
+                                       batch_size=cfg.batch_of(r), workers=cfg.workers,
+                                       alpha=cfg.inject_alpha, beta=cfg.inject_beta,
+                                       seed=cfg.seed * 1000 + r)
+        return batches
+
+    batches = sampler_of(rank)
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
     assembly = assemble(spec, options, model, optimizer, rank=rank,
                         workers=cfg.workers - len(spares or ()),
@@ -275,7 +280,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                 test_set=data.test, device=device, recorder=recorder,
                                 run_dir=run_dir, store=store, progress=progress,
                                 checkpointer=checkpointer, membership=membership,
-                                joining=join)
+                                joining=join, sampler_of=sampler_of)
             if own is not None:
                 loop.restore(own)
             elif join:  # on where its records end (their work is in the global model)
@@ -390,7 +395,8 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
         path = run_dir / f"worker-{rank}.jsonl"
         own = checkpoint.for_restarted_rank(
             run_dir, index, rank, leader, lists[rank][0] if lists[rank] else None,
-            records=read_jsonl(path) if path.is_file() else [], own_rounds=not collective)
+            records=read_jsonl(path) if path.is_file() else [], own_rounds=not collective,
+            held=_kept_of_others(run_dir, chosen, restarted))
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
@@ -415,6 +421,21 @@ def _load_global(model: torch.nn.Module, run_dir: Path, index: int, leader: int,
         with torch.no_grad():
             for tensor in model.state_dict().values():
                 dist.broadcast(tensor, src=leader)
+
+
+def _kept_of_others(run_dir: Path, chosen: list[int], restarted: list[int]) -> list[dict]:
+    """The records the resume keeps of the workers it does not restart (up to each one's
+    checkpoint, as `_cut_logs` cuts them): where they drew a restarted rank's shard for it
+    (`runtime/shards.py`)."""
+    kept = []
+    for rank, index in enumerate(chosen):
+        path = run_dir / f"worker-{rank}.jsonl"
+        if rank in restarted or not path.is_file():
+            continue
+        state = checkpoint.load(checkpoint.file_of(run_dir, index, rank))
+        kept += [r for r in read_jsonl(path) if r.get("round", 0) <= state["recorded_round"]]
+        kept.append({"rank": rank, "held": state["data"].get("held", [])})  # (a cut round's)
+    return kept
 
 
 def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:

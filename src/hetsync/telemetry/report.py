@@ -72,7 +72,11 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
                         f"{w['epochs'] - 1}'s {w['epoch_batches']} not drawn"
                         for r, w in led["per_worker"].items()
                         if w["batches_left_in_last_epoch"] and int(r) in
-                        set(s.get("lost_workers") or ())), file=stream)
+                        set(s.get("lost_workers") or ()) and w.get("drawn_by") == [int(r)])
+              + "".join(f"; rank {r}'s shard drawn by rank(s) "
+                        f"{', '.join(str(b) for b in w['drawn_by'] if b != int(r))} too"
+                        for r, w in led["per_worker"].items()
+                        if len(w.get("drawn_by", ())) > 1), file=stream)
     stale = [w["mean_staleness"] for w in s["per_worker"] if w.get("mean_staleness") is not None]
     if stale:
         print("mean staleness of each worker's gradients (rounds) "

@@ -6,8 +6,8 @@ A run directory holds:
   ``{rank, host, device, slowdown}`` (``end_time``/``wall_s`` are missing after a crash);
 - ``worker-{rank}.jsonl``: one record per round (``ROUND_FIELDS``: ``round, local_steps,
   samples, t_start, t_end, compute_s, wait_s, comm_s, bytes_sent, bytes_recv, loss, lr``
-  and, when written, ``eval_s``, ``query_s``, the data ledger's ``drawn`` and
-  ``epoch_batches``), and the fields the mode adds (`Mode.round_record`);
+  and, when written, ``eval_s``, ``query_s``, the data ledger's ``drawn``,
+  ``epoch_batches`` and ``held``), and the fields the mode adds (`Mode.round_record`);
 - ``eval.jsonl``: ``t, train_time, round, samples_seen, test_acc, test_loss``;
 - ``ps.jsonl`` (optional): cumulative ``{t, bytes_sent, bytes_recv}`` of the parameter server;
 - ``service.json`` (optional): the counts of the service the mode declares, ``{service,
@@ -33,7 +33,7 @@ from typing import Any
 ROUND_FIELDS = frozenset({
     "rank", "device", "round", "local_steps", "samples", "t_start", "t_end", "compute_s",
     "wait_s", "comm_s", "query_s", "eval_s", "bytes_sent", "bytes_recv", "loss", "lr",
-    "epoch", "drawn", "epoch_batches"})
+    "epoch", "drawn", "epoch_batches", "held"})
 
 __all__ = [
     "RunLog",

@@ -1,0 +1,165 @@
+"""Which worker draws which shard of the training data in a run that goes on without some of
+its workers (`runtime/membership.py`): a lost worker's shard — or a spare's that has not
+joined — goes on being drawn by one of the members, so that every sample is still drawn once
+per epoch (docs/design.md, "The data ledger").
+
+1. `holder(shard, members)`: the shard's own worker while it is a member, else the members'
+   (shard mod k)-th, k members in rank order: every worker computes the same from the
+   members alone;
+2. at the start and at every round's record, each worker publishes in the run's store where
+   its draws of each shard it holds have reached (`publish`);
+3. after a regroup, which drops the round in progress everywhere, a worker draws each shard it
+   holds again from where its last recorded round ended: its own and those it held before
+   from its own count, one it holds now from the position its last holder published
+   (`published`);
+4. at an admission nothing is dropped: a member that hands a shard on publishes where its
+   draws are now, under the new generation (`hand_over`), and the shard's new holder — the
+   worker that joins, for its own — waits for it (`taken_over`; a regroup's alarm ends the
+   wait);
+5. a worker draws its shards in turn, one batch of each (`HeldShards.draw`), each with its
+   own worker's sampler (seed and batch size), and records another's apart (a record's
+   `held`, `telemetry/ledger.py`).
+
+Where hetsync departs from a re-partition: the shards stay whole, so a lost slow device's
+small batches are drawn as they were; the asynchronous modes, which do not regroup, leave a
+lost worker's shard undrawn until it comes back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from hetsync.comm.errors import CommError, CommTimeoutError
+
+#: where a shard's draws have reached, as its holder last published: ``KEY/SHARD``
+KEY = "hetsync/shard"
+
+
+def holder(shard: int, members: list[int]) -> int:
+    """The member that draws `shard`: its own worker, else the members' (shard mod k)-th."""
+    members = sorted(members)
+    return shard if shard in members else members[shard % len(members)]
+
+
+def held_by(rank: int, members: list[int], shards) -> list[int]:
+    """The shards of `shards` that `rank` draws while `members` are the run's members."""
+    return [s for s in shards if holder(s, members) == rank]
+
+
+@dataclass
+class Shard:
+    """One shard's sampler and where its draws are: (epoch, batches of it taken)."""
+
+    sampler: Any
+    position: tuple[int, int] = (0, 0)
+    #: where the round's draws of it began (a regroup draws them again from here)
+    round_start: tuple[int, int] = (0, 0)
+    draws: Iterator | None = None
+
+
+class HeldShards:
+    """The shards one worker draws: its own (`own`), and those it holds for others, each
+    with a sampler `make(shard)` builds (the others' seed and batch size)."""
+
+    def __init__(self, own: int, sampler, make: Callable[[int], Any] | None = None):
+        self.own, self.make = own, make
+        self.shards = {own: Shard(sampler)}
+        #: each shard's batches per epoch, of every shard held so far (for the records)
+        self.epoch_batches = {own: batches_per_epoch(sampler)}
+        self._turn = 0
+
+    def start_at(self, shard: int, epoch: int, batch: int) -> None:
+        """Draw `shard` from batch `batch` of epoch `epoch` on."""
+        s = self.shards[shard]
+        s.sampler.resume_at(epoch, batch)
+        s.position = s.round_start = (epoch, batch)
+        s.draws = None
+
+    def draw(self) -> tuple[int, int, int, Any]:
+        """The next batch, of each shard in turn: (shard, epoch, batch number, indices)."""
+        order = sorted(self.shards)
+        shard = order[self._turn % len(order)]
+        self._turn += 1
+        s = self.shards[shard]
+        if s.draws is None:
+            s.draws = iter(s.sampler)  # (endless: the shard's epochs one after another)
+        epoch, indices = next(s.draws)
+        s.position = (epoch, s.position[1] + 1) if epoch == s.position[0] else (epoch, 1)
+        return shard, epoch, s.position[1] - 1, indices
+
+    def round_over(self) -> None:
+        for s in self.shards.values():
+            s.round_start = s.position
+
+    def redraw(self) -> None:
+        """The round in progress was dropped: draw its batches again."""
+        for shard, s in self.shards.items():
+            self.start_at(shard, *s.round_start)
+
+    def others(self) -> list[int]:
+        return sorted(s for s in self.shards if s != self.own)
+
+    def positions(self) -> dict[int, tuple[int, int]]:
+        return {shard: s.position for shard, s in self.shards.items()}
+
+    def hold(self, shard: int, position: tuple[int, int]) -> None:
+        self.shards[shard] = Shard(self.make(shard))
+        self.epoch_batches[shard] = batches_per_epoch(self.shards[shard].sampler)
+        self.start_at(shard, *position)
+
+    def release(self, shard: int) -> None:
+        del self.shards[shard]
+
+
+def batches_per_epoch(sampler) -> int | None:
+    """A shard's batches per epoch (an injecting sampler wraps the shard's own)."""
+    return getattr(getattr(sampler, "sampler", sampler), "batches_per_epoch", None)
+
+
+def _text(position: tuple[int, int]) -> str:
+    return f"{position[0]},{position[1]}"
+
+
+def _position(text: bytes) -> tuple[int, int]:
+    epoch, batch = text.decode().split(",")
+    return int(epoch), int(batch)
+
+
+def publish(store, positions: dict[int, tuple[int, int]]) -> None:
+    """Step 2: where the draws of each shard held have reached (one store write each)."""
+    for shard, position in positions.items():
+        store.set(f"{KEY}/{shard}", _text(position))
+
+
+def published(store, shard: int) -> tuple[int, int]:
+    """Step 3: where `shard`'s last holder's recorded draws ended ((0, 0): never published)."""
+    key = f"{KEY}/{shard}"
+    return _position(store.get(key)) if store.check([key]) else (0, 0)
+
+
+def hand_over(store, generation: int, shard: int, position: tuple[int, int]) -> None:
+    """Step 4, the member that held `shard`: where its draws are as generation
+    `generation` begins — published too, as its round's record, written next, will have
+    them (a regroup that drops its new holder's first round draws it on from there)."""
+    store.set(f"{KEY}/{shard}/{generation}", _text(position))
+    publish(store, {shard: position})
+
+
+def taken_over(store, generation: int, shard: int, wait: float,
+               alarm: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    """Step 4, the new holder: the position `hand_over` gave, waiting up to `wait` seconds
+    for it. CommError once a member raises the `alarm` (the last holder was lost: the
+    members regroup, this one with them), CommTimeoutError after `wait`."""
+    key, deadline = f"{KEY}/{shard}/{generation}", time.monotonic() + wait
+    while not store.check([key]):
+        if alarm():
+            raise CommError(f"shard {shard}: a member was lost before it was handed over at "
+                            f"generation {generation}", op="join")
+        if time.monotonic() >= deadline:
+            raise CommTimeoutError(f"shard {shard}: its last holder did not hand it over "
+                                   f"within {wait:.0f} s of generation {generation}",
+                                   op="join", seconds=wait)
+        time.sleep(0.02)
+    return _position(store.get(key))

@@ -1,0 +1,116 @@
+"""A lost worker's shard goes on being drawn by a member (runtime/shards.py), and the data
+ledger counts each shard's batches whoever drew them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from processes import pid_of_rank
+from hetsync.comm.errors import CommTimeoutError
+from hetsync.data import ShardSampler
+from hetsync.runtime import shards
+from hetsync.telemetry.ledger import reached, run_ledger
+
+
+def test_a_members_shard_is_its_own_and_the_others_are_spread_over_the_members():
+    assert [shards.holder(s, [0, 1, 2, 3]) for s in range(4)] == [0, 1, 2, 3]
+    assert [shards.holder(s, [0, 2, 3]) for s in range(4)] == [0, 2, 2, 3]
+    assert [shards.holder(s, [3, 1]) for s in range(6)] == [1, 1, 1, 3, 1, 3]  # (in rank order)
+    held = [shards.held_by(r, [1, 3], range(6)) for r in (1, 3)]
+    assert sorted(held[0] + held[1]) == list(range(6))  # each shard drawn by one member
+
+
+def _sampler(rank, batch=4):
+    return ShardSampler(np.arange(100 * rank, 100 * rank + 40), batch, seed=rank)
+
+
+def test_held_shards_are_drawn_in_turn_as_their_own_workers_would_draw_them():
+    held = shards.HeldShards(0, _sampler(0), make=lambda r: _sampler(r, batch=2))
+    held.hold(2, (0, 3))
+    got = [held.draw() for _ in range(6)]
+    assert [(s, e, b) for s, e, b, _ in got] == [(0, 0, 0), (2, 0, 3), (0, 0, 1), (2, 0, 4),
+                                                  (0, 0, 2), (2, 0, 5)]
+    own, other = _sampler(0).epoch(0), _sampler(2, batch=2).epoch(0)
+    for shard, _, batch, idx in got:  # the very batches of worker 2's sampler
+        np.testing.assert_array_equal(idx, (own if shard == 0 else other)[batch])
+    assert held.positions() == {0: (0, 3), 2: (0, 6)} and held.epoch_batches == {0: 10, 2: 20}
+    held.round_over()
+    held.draw(), held.draw()
+    held.redraw()  # a regroup dropped the round: its batches again
+    assert held.positions() == {0: (0, 3), 2: (0, 6)}
+    assert [held.draw()[:3] for _ in range(2)] == [(0, 0, 3), (2, 0, 6)]
+    held.release(2)
+    assert held.others() == [] and held.draw()[0] == 0
+
+
+def test_positions_go_through_the_store_and_a_hand_over_is_waited_for():
+    store = dist.HashStore()
+    assert shards.published(store, 3) == (0, 0)  # never published: its start
+    shards.publish(store, {0: (1, 7), 3: (2, 5)})
+    assert shards.published(store, 3) == (2, 5)
+    shards.hand_over(store, 4, 3, (2, 9))
+    assert shards.taken_over(store, 4, 3, wait=1.0) == (2, 9)
+    with pytest.raises(CommTimeoutError, match="shard 3: its last holder did not hand it over"):
+        shards.taken_over(store, 5, 3, wait=0.2)
+
+
+def test_the_ledger_counts_a_shard_drawn_by_its_worker_then_a_holder_as_one():
+    worker_2 = [{"rank": 2, "drawn": [[0, 0, 5]], "epoch_batches": 8}]
+    holder = [{"rank": 0, "drawn": [[0, 0, 3]], "epoch_batches": 8,
+               "held": [{"shard": 2, "drawn": [[0, 5, 8], [1, 0, 2]], "epoch_batches": 8}]},
+              {"rank": 0, "drawn": [[0, 3, 6]], "epoch_batches": 8}]
+    back = [{"rank": 2, "drawn": [[1, 2, 4]], "epoch_batches": 8}]  # it joined again
+    led = run_ledger({0: holder, 2: worker_2 + back})
+    assert (led["batches_twice"], led["batches_skipped"]) == (0, 0)
+    assert led["per_worker"]["2"]["drawn_by"] == [0, 2]
+    assert led["per_worker"]["2"]["epochs"] == 2
+    assert reached(holder + worker_2, shard=2) == {"epoch": 1, "batch": 2}
+    twice = run_ledger({0: holder, 2: worker_2 + [{"rank": 2, "drawn": [[1, 1, 3]]}]})
+    assert twice["batches_twice"] == 1  # batch 1 of epoch 1: the holder's and its own
+
+
+def _records(run, rank):
+    return [json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_lost_workers_shard_is_drawn_by_a_member_until_it_joins_again(tmp_path):
+    """esync-outer, 3 workers: kill -9 of rank 2; rank 0 (holder(2, [0, 1])) draws its shard
+    on from where its last record ended; launch starts rank 2 again, and it joins and goes on
+    from where rank 0 got to. Every batch of every shard once (the ledger's 0 and 0)."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "esync-outer", "--workers", "3",
+         "--slowdowns", "1,2,2", "--dataset", "synthetic", "--network", "mlp",
+         "--time-budget", "20", "--eval-interval", "1", "-ld", str(tmp_path), "--run-name",
+         "run", "--quiet", "--no-figures", "--timeout", "20", "--regroup-grace", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not ((run / "worker-2.jsonl").exists() and len(_records(run, 2)) >= 10):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    os.kill(pid_of_rank(run, 2), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    lost, held, back = [], [], []
+    for r in _records(run, 2):
+        (back if back or (lost and r["round"] > lost[-1]["round"] + 1) else lost).append(r)
+    assert back, f"rank 2 did not join again: {out}"
+    for r in _records(run, 0):
+        held += [(r["round"], h["drawn"]) for h in r.get("held", ()) if h["shard"] == 2]
+    # rank 0 drew shard 2 between the loss and the join, from where rank 2's records end
+    assert held and lost[-1]["round"] < held[0][0] <= back[0]["round"], (held[:3], out)
+    assert held[0][1][0][:2] == lost[-1]["drawn"][-1][::2]
+    # and rank 2 went on from where rank 0 got to
+    assert back[0]["drawn"][0][:2] == held[-1][1][-1][::2], (held[-1], back[0])
+    summary = json.loads((run / "summary.json").read_text())
+    ledger = summary["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    assert ledger["per_worker"]["2"]["drawn_by"] == [0, 2], ledger
