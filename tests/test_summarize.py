@@ -123,6 +123,22 @@ def test_throughput_and_utilisation(run_dir):
     assert s["complete"] is True and s["missing_workers"] == []
 
 
+def test_a_spare_that_joined_late_counts_in_the_throughput_limit_for_its_part_of_the_run(
+        tmp_path):
+    """Rank 1 a spare that took part in 2 of its rounds (4 s of the 10 s): its isolated
+    throughput counts 0.4 of it; rank 0, there throughout, counts whole."""
+    run = write_run(tmp_path / "spare", workers={0: worker_records(0),
+                                                1: worker_records(1, rounds=2, offset=6.0)})
+    info = json.loads((run / "run.json").read_text())
+    info["ranks"][1]["spare"] = True
+    info["joined_workers"] = [1]
+    (run / "run.json").write_text(json.dumps(info))
+    s = summarize(run)
+    assert [w["present_fraction"] for w in s["per_worker"]] == [1.0, pytest.approx(0.4)]
+    assert s["throughput_limit"] == pytest.approx(384 / 5.5 + 0.4 * 64 / 3.5)
+    assert s["utilisation"] == pytest.approx((384 + 64) / 10.0 / s["throughput_limit"])
+
+
 def test_evaluation_pauses_of_every_worker_are_not_training_time(run_dir):
     run = json.loads((run_dir / "run.json").read_text())
     run["paused_s"] = 2.0  # every worker stood still 2 s for rank 0's evaluations

@@ -339,6 +339,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     finally:
         if loop is not None:
             loop.close()
+        if join and records.is_file() and records.stat().st_size == 0:
+            records.unlink()  # a spare the run ended before it was let in: no worker file
     return run_dir
 
 

@@ -186,12 +186,18 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         })
     samples = sum(w["samples"] for w in per_worker)
     throughput = _ratio(samples, train_wall)
-    isolated = [w["isolated_throughput"] for w in per_worker if w["isolated_throughput"] is not None]
-    limit = float(sum(isolated)) if isolated else None
     declared = [int(r["rank"]) for r in run.get("ranks") or []  # workers, not the parameter server
                 if "rank" in r and r.get("role", "worker") == "worker"]
     # (--spare-workers: the ranks the run started without; none after a resume)
     spares = [int(r["rank"]) for r in run.get("ranks") or [] if r.get("spare")]
+    joined = run.get("joined_workers") or (log.ps[-1].get("rejoined", []) if log.ps else [])
+    partial = set(run.get("lost_workers", [])) | set(joined) | set(spares)
+    for w in per_worker:
+        w["present_fraction"] = (present_fraction(log.workers[w["rank"]], train_wall)
+                                 if w["rank"] in partial else 1.0)
+    isolated = [w["isolated_throughput"] * w["present_fraction"] for w in per_worker
+                if w["isolated_throughput"] is not None]
+    limit = float(sum(isolated)) if isolated else None
     absent = [int(r) for r in run.get("absent_workers")  # (asynchronous: the server's)
               or (log.ps[-1].get("absent") or [] if log.ps else [])]
     rounds = [int(r["round"]) for records in log.workers.values() for r in records]
@@ -213,8 +219,7 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "complete": run.get("end_time") is not None,
         "lost_workers": run.get("lost_workers", []),
         # (an asynchronous mode's: those its parameter server served again)
-        "joined_workers": run.get("joined_workers") or (log.ps[-1].get("rejoined", [])
-                                                        if log.ps else []),
+        "joined_workers": joined,
         "spare_workers": spares,
         "absent_workers": absent,
         "wall_s": wall,
@@ -254,6 +259,13 @@ def emulation_warnings(per_worker: Sequence[Mapping[str, Any]]) -> list[str]:
             if w.get("speed_of_nominal") is not None and w["speed_of_nominal"] < HELD]
 
 
+def present_fraction(records: list[dict[str, Any]], train_wall: float) -> float:
+    """The part of the run's training time a worker took part in: its rounds' durations ÷
+    `train_wall`, at most 1 (a spare that joined late, a worker lost or away a while)."""
+    present = sum(float(r["t_end"]) - float(r["t_start"]) for r in records)
+    return min(1.0, present / train_wall) if train_wall > 0 else 1.0
+
+
 def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> dict[str, Any]:
     """Read ``run_dir`` and compute its figures (docs/design.md, "Definitions of the figures").
 
@@ -262,7 +274,8 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     :func:`run_wall_time`); ``rounds`` (max round number); ``samples`` (Σ over workers);
     ``throughput`` = samples ÷ (wall_s − paused_s), where ``paused_s`` (run.json) is the time
     every worker stood still for an evaluation (collective modes; traffic uses the same
-    denominator); ``throughput_limit`` = Σ workers' isolated throughput;
+    denominator); ``throughput_limit`` = Σ workers' isolated throughput, each times its
+    ``present_fraction`` (1; for a worker lost, joined or a spare, :func:`present_fraction`);
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
     ``evaluations``; ``ledger`` (:func:`~hetsync.telemetry.ledger.run_ledger`: batches of
     the workers' shards drawn twice or skipped, per worker and in all; None where the
