@@ -278,7 +278,7 @@ def summarize(run_dir: str | Path, targets: Iterable[float] | None = None) -> di
     ``present_fraction`` (1; for a worker lost, joined or a spare, :func:`present_fraction`);
     ``utilisation`` = throughput ÷ throughput_limit; the traffic keys of :func:`traffic`;
     ``evaluations``; ``ledger`` (:func:`~hetsync.telemetry.ledger.run_ledger`: batches of
-    the workers' shards drawn twice or skipped, per worker and in all; None where the
+    the workers' shards drawn twice or skipped, per shard and in all; None where the
     records name no draws, as `hetsync.wrap`'s); ``metric``, the evaluation record's key the run is judged by (test
     accuracy; validation loss for language modelling: :mod:`hetsync.telemetry.metric`) and
     ``time_to_target`` (:func:`time_to_target`, at ``targets``, by default the metric's);
