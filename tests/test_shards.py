@@ -61,6 +61,51 @@ def test_positions_go_through_the_store_and_a_hand_over_is_waited_for():
         shards.taken_over(store, 5, 3, wait=0.2)
 
 
+def _member(rank, members, store, generation, held_shards=()):
+    """The parts of a TrainingLoop that hold shards (its own methods, on a real store): one
+    worker of a run whose members are `members`, holding `held_shards` too."""
+    import types
+
+    from hetsync.runtime.training import TrainingLoop
+
+    me = types.SimpleNamespace(
+        rank=rank, store=store, cfg=types.SimpleNamespace(timeout=2.0), run_ranks=range(4),
+        membership=types.SimpleNamespace(members=members, generation=generation,
+                                         alarm=lambda: False),
+        held=shards.HeldShards(rank, _sampler(rank), make=_sampler))
+    for name in ("_mine", "_take_shards", "_hand_over_shards", "start_at"):
+        setattr(me, name, types.MethodType(getattr(TrainingLoop, name), me))
+    for shard in held_shards:
+        me.held.hold(shard, (0, 0))
+    return me
+
+
+def test_an_admission_moves_a_shard_between_members_as_far_as_its_draws_went():
+    """Members 0 and 1 hold lost ranks 2 and 3's shards (holder: 2 -> 0, 3 -> 1); rank 2
+    joins: shard 2 goes back to it and shard 3, now members[3 mod 3], from rank 1 to rank 0,
+    each from where its holder's draws are (none of the round in progress is dropped)."""
+    store = dist.HashStore()
+    zero, one = _member(0, [0, 1], store, 1, [2]), _member(1, [0, 1], store, 1, [3])
+    for member in (zero, one):
+        for _ in range(5):
+            member.held.draw()  # own, held, own, held, own
+    assert zero.held.positions() == {0: (0, 3), 2: (0, 2)}
+    assert one.held.positions() == {1: (0, 3), 3: (0, 2)}
+    joiner = _member(2, [0, 1, 2], store, 2)
+    for member in (zero, one):  # (admitted: generation 2, members 0, 1, 2)
+        member.membership.members, member.membership.generation = [0, 1, 2], 2
+    one._hand_over_shards(joined=False)   # hands shard 3 on (it waits for nothing)
+    zero._hand_over_shards(joined=False)  # hands shard 2 on, takes shard 3
+    joiner._hand_over_shards(joined=True)
+    assert one.held.positions() == {1: (0, 3)}
+    assert zero.held.positions() == {0: (0, 3), 3: (0, 2)}
+    assert joiner.held.positions() == {2: (0, 2)}
+    assert sorted(zero.held.draw()[:3] for _ in range(2)) == [(0, 0, 3), (3, 0, 2)]
+    assert joiner.held.draw()[:3] == (2, 0, 2)
+    # a regroup later draws a handed-on shard from there too (published as handed over)
+    assert shards.published(store, 3) == (0, 2) and shards.published(store, 2) == (0, 2)
+
+
 def test_the_ledger_counts_a_shard_drawn_by_its_worker_then_a_holder_as_one():
     worker_2 = [{"rank": 2, "drawn": [[0, 0, 5]], "epoch_batches": 8}]
     holder = [{"rank": 0, "drawn": [[0, 0, 3]], "epoch_batches": 8,
