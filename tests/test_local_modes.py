@@ -160,6 +160,75 @@ def test_overlapped_diloco_applies_each_rounds_outer_step_one_round_late():
     assert not torch.allclose(results[0][2], results[1][2])  # from workers' own models
 
 
+def _eager_diloco_run(rank, world, inner_steps, rounds, outer_lr, momentum):
+    """DiLoCo with --overlap 1 --eager-updates 1 on real ranks, and beside it by hand: at each
+    round's end one torch.optim.SGD step on this rank's own delta ÷ P, plus the previous
+    round's mean delta less the own part it already applied; the next round starts from the
+    new global weights; `finish` applies the last mean less the own part. Returns (DiLoCo's
+    global weights, the hand's)."""
+    from hetsync.comm.channel import Channel
+
+    group = dist.new_group(list(range(world)))
+    channel = Channel(dist.new_group(list(range(world))))
+    torch.manual_seed(0)
+    model = SmallNet()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
+                                          channel=channel),
+                  DiLoCoOptions(inner_steps=inner_steps, overlap=True, eager_updates=True,
+                                global_lr=outer_lr, outer_momentum=momentum))
+    algo.setup()
+    params = list(model.parameters())
+    hand = torch.nn.Parameter(flatten(params).clone())
+    hand_outer = torch.optim.SGD([hand], lr=outer_lr, momentum=momentum, nesterov=momentum > 0)
+    fast = SmallNet()
+    fast.load_state_dict(model.state_dict())
+    fast_opt = torch.optim.SGD(fast.parameters(), lr=LR)
+    x, y = batch(rank)
+    late = torch.zeros_like(hand)  # the mean in flight less this rank's part of it
+
+    def outer_step_by_hand(update):
+        hand.grad = -update
+        hand_outer.step()
+
+    for r in range(rounds):
+        for k in range(inner_steps):
+            for net, o in ((model, opt), (fast, fast_opt)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+            action = algo.decide(Step(0.0, 0.01))
+            fast_opt.step()
+            algo.perform(action)
+        delta = flatten(list(fast.parameters())) - hand.detach()
+        outer_step_by_hand(late + delta / world)
+        unflatten_into(hand.detach(), list(fast.parameters()))
+        mean = delta.clone()
+        dist.all_reduce(mean, group=group)
+        late = (mean - delta) / world
+    algo.finish()
+    outer_step_by_hand(late)
+    ours = flatten(params).clone()
+    channel.close()
+    return ours, hand.detach().clone()
+
+
+@pytest.mark.slow
+def test_eager_diloco_applies_its_own_delta_at_once_and_the_others_a_round_late():
+    results = run_ranks(_eager_diloco_run, 3, 2, 3, 0.7, 0.9)
+    for ours, hand in results:
+        torch.testing.assert_close(ours, hand)
+    assert not torch.allclose(results[0][0], results[1][0])  # each rank's own part first
+
+
+@pytest.mark.slow
+def test_eager_updates_apply_every_rounds_mean_once_in_all():
+    """With outer SGD at rate 1 (no momentum) the order does not matter: after `finish`
+    every rank holds the same weights, the start plus every round's mean delta."""
+    results = run_ranks(_eager_diloco_run, 3, 2, 3, 1.0, 0.0)
+    for ours, _ in results:
+        torch.testing.assert_close(ours, results[0][0])
+
+
 def _push(rule, worker, g, steps=4, step_time=0.01):
     return rule.push(worker, torch.cat([g, torch.tensor([float(steps), step_time])]))
 

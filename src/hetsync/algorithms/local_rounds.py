@@ -21,6 +21,23 @@ round of staleness at most), and one that finishes a round while the previous su
 flight waits for it (timed as `wait`). Evaluation sees w_global (`global_model`), and the model
 kept at the end is w_global: the steps since the last send are in no average.
 
+Eager updates (`eager_updates`, with overlap; Kale, Douillard and Donchev, "Eager Updates For
+Overlapped Communication and Computation in DiLoCo", 2025) apply each round's outer step at
+its end, without waiting for the others: at the end of round t, on worker i,
+
+a. the sum of round t−1 has come in (waited for if need be): D_{t−1}, less the part of it that
+   was this worker's own and went in eagerly a round ago, E_{t−1};
+b. E_t = this worker's own weighted delta of round t times the previous sum's scale (`combine`:
+   1/P for ``uniform``), its estimate of what it adds to D_t;
+c. one outer step on (D_{t−1} − E_{t−1}) + E_t, and round t+1 starts from w_global (as
+   DiLoCo's rounds do), its send of round t in flight meanwhile.
+
+Every round's D is applied once in all: this worker's part a round early, the others' a round
+late. The workers' w_global differ by their own parts E_t; evaluation sees rank 0's. Where hetsync
+departs from the paper: a sum completed outside a round's end (a checkpoint, an admission, the
+end) is applied on its own, D − E, as one more outer step; BatchNorm statistics are the
+previous round's mean.
+
 A worker that has joined (`hetsync.wrap`, no data left) sends zeros and is not counted; the
 mean is over the workers that took steps.
 """
@@ -58,17 +75,28 @@ class OverlapOptions:
                 "the global update applied a round late (0/1) (default: 1 for esync; for "
                 "esync-outer 1, 0 on a non-IID partition; 0 for diloco, as published)"})
 
+    eager_updates: bool = field(default=False, metadata={
+        "flags": ("--eager-updates",),
+        "help": "with --overlap 1: apply each round's outer step at its end, this worker's "
+                "own delta at once and the others' a round late (eager updates, Kale et al. "
+                "2025) (default: 0)"})
+
     def validate_overlap(self, default: bool) -> None:
         """Not given: the mode's `default`."""
+        from hetsync.options import invalid_option
+
         if self.overlap is None:
             self.overlap = default
+        if self.eager_updates and not self.overlap:
+            raise invalid_option(self, "eager_updates", "0 with --overlap 0 (eager updates "
+                                 "apply a round's outer step while its sum is in flight)")
 
 
 class LocalRounds(Mode):
     """The parts composed (see the module docstring). A mode built on it passes its round
     length, its global update's settings (global_lr, outer_momentum, weighting,
     drift_correction), whether the sums overlap the next round (its options' `overlap`),
-    and a step limit."""
+    with eager updates (`eager_updates`), and a step limit."""
 
     counts_contributors = True
 
@@ -77,6 +105,7 @@ class LocalRounds(Mode):
         super().__init__(model, optimizer, comm, options)
         self.length, self.settings = length, settings
         self.overlap, self.max_local_steps = overlap, max_local_steps
+        self.eager = bool(getattr(options, "eager_updates", False))
         self.weighting = settings["weighting"]
         self.variates = (ControlVariates() if settings["drift_correction"] == "scaffold"
                          else None)
@@ -87,6 +116,8 @@ class LocalRounds(Mode):
         # the aggregation in flight (overlap): the sum's future, and what this worker sent
         self._pending = None
         self._sent: tuple[torch.Tensor, torch.Tensor] | None = None  # (w_local, BN stats)
+        self._early: torch.Tensor | None = None  # eager: E, this worker's part of the sum
+        self._scale: float | None = None  # the last sum's `combine` scale (E's estimate)
 
     @property
     def control(self) -> ControlPath:
@@ -111,8 +142,8 @@ class LocalRounds(Mode):
                                      self.settings["outer_momentum"])
 
     def poll(self) -> None:
-        """Apply a sum that came in."""
-        if self._pending is not None and self._pending.done():
+        """Apply a sum that came in (eager: at the round's end, with the round's own part)."""
+        if not self.eager and self._pending is not None and self._pending.done():
             self.settle()
 
     def decide(self, step: Step) -> Action:
@@ -133,26 +164,46 @@ class LocalRounds(Mode):
             self._aggregate()
 
     def _aggregate(self) -> None:
-        self.settle()  # the previous round's sum, if it is still in flight
-        params, stats = self.parameters(), bn_statistics(self.model)
-        local = flatten(params)
-        sent_stats = pack(stats) if stats else local.new_zeros(0)
+        if self.eager:  # the previous round's sum, applied below with this round's own part
+            with self.comm.clock.phase("wait"):
+                summed = self._receive()
+        else:
+            self.settle()  # the previous round's sum, if it is still in flight
+        local, sent_stats = self._sent = self._held()
         self.length.round_over(self.round + 1)
-        self._sent = (local, sent_stats)
         # [stats, ḡ_i (SCAFFOLD), weighted delta, τ], then 1 if this worker took local steps
         # (one that has joined under hetsync.wrap sends its last steps, then zeros, and is
         # not counted)
         delta = local - self._global
         variate = (self.variates.contribution(delta) if self.variates is not None
                    else local.new_zeros(0))
-        buffer = with_count(torch.cat([sent_stats, variate, contribution(
-            delta, self.local_steps, self.weighting, self.comm.sample_weight)]),
-            self.local_steps > 0)
+        weighted = contribution(delta, self.local_steps, self.weighting, self.comm.sample_weight)
+        buffer = with_count(torch.cat([sent_stats, variate, weighted]), self.local_steps > 0)
         if self.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
         else:
-            self._apply_sum(self.comm.all_reduce(buffer))
+            self._apply_sum(self.comm.all_reduce(buffer), self._take_sent())
+        if self.eager:  # (the steps until the sum comes in count from where this leaves)
+            self._apply_sum(summed, self._sent, own=weighted if self.local_steps else None)
+            self._sent = self._held()
         self.local_steps = 0
+
+    def _held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_local, its BatchNorm statistics: empty without any), as copies."""
+        stats = bn_statistics(self.model)
+        local = flatten(self.parameters())
+        return local, pack(stats) if stats else local.new_zeros(0)
+
+    def _receive(self) -> torch.Tensor | None:
+        """The sum in flight, waited for (None: there is none)."""
+        if self._pending is None:
+            return None
+        summed, self._pending = self._pending.result(), None
+        return summed
+
+    def _take_sent(self) -> tuple[torch.Tensor, torch.Tensor]:
+        sent, self._sent = self._sent, None
+        return sent
 
     def settle(self) -> None:
         """Apply the sum in flight, waiting for it if need be (timed as `wait`: a worker
@@ -160,23 +211,38 @@ class LocalRounds(Mode):
         if self._pending is None:
             return
         with self.comm.clock.phase("wait"):
-            summed, self._pending = self._pending.result(), None
-            self._apply_sum(summed)
+            self._apply_sum(self._receive(), self._take_sent())
 
-    def _apply_sum(self, summed: torch.Tensor) -> None:
-        """Steps 3 and 4 of the module docstring."""
-        (sent, sent_stats), self._sent = self._sent, None
+    def _apply_sum(self, summed: torch.Tensor | None, sent: tuple[torch.Tensor, torch.Tensor],
+                   own: torch.Tensor | None = None) -> None:
+        """Steps 3 and 4 of the module docstring, `sent` the (w_local, BN statistics) the
+        steps since are counted from. Eager (`own`: this worker's weighted delta and τ of the
+        round it has just sent): steps a to c."""
+        sent, sent_stats = sent
         params, stats = self.parameters(), bn_statistics(self.model)
-        m = sent_stats.numel()
-        v = m + (sent.numel() if self.variates is not None else 0)
-        count = self.contributors = int(round(float(summed[-1])))
-        if count:  # (none: every worker has joined; nothing to apply)
-            vector, scale = combine(summed[v:-1], count, self.weighting)
-            outer_step(self.outer, vector * scale)
-            if self.variates is not None:
-                self.variates.update(summed[m:v], count)
-            if stats:
-                self._global_stats = summed[:m] / count
+        update = None
+        if summed is not None:
+            m = sent_stats.numel()
+            v = m + (sent.numel() if self.variates is not None else 0)
+            count = self.contributors = int(round(float(summed[-1])))
+            if count:  # (none: every worker has joined; nothing to apply)
+                vector, self._scale = combine(summed[v:-1], count, self.weighting)
+                update = vector * self._scale
+                if self._early is not None:  # (eager: it went in a round ago)
+                    update -= self._early
+                if self.variates is not None:
+                    self.variates.update(summed[m:v], count)
+                if stats:
+                    self._global_stats = summed[:m] / count
+        self._early = None
+        if own is not None:
+            workers = self.comm.workers  # (no sum yet: as if every worker sent as this one)
+            scale = (self._scale if self._scale is not None
+                     else combine(own * workers, workers, self.weighting)[1])
+            self._early = own[:-1] * scale
+            update = self._early if update is None else update + self._early
+        if update is not None:
+            outer_step(self.outer, update)
         unflatten_into(self._global + (flatten(params) - sent), params)
         if stats:
             unflatten_into(self._global_stats + (pack(stats) - sent_stats), stats)
@@ -186,7 +252,7 @@ class LocalRounds(Mode):
         last one applied; the leader's global weights, BatchNorm statistics, outer momentum
         and round become everyone's (one broadcast), and each worker starts its next round from
         them."""
-        self._pending = self._sent = None
+        self._pending = self._sent = self._early = None
         self.local_steps = 0
         self._take_leaders_global()
         self._load(self._global, self._global_stats)
@@ -255,7 +321,8 @@ class LocalRounds(Mode):
 
     def describe(self) -> dict[str, Any]:
         return {"global_update": self.settings, "outer": describe_outer(self.outer),
-                "overlap": self.overlap, "max_local_steps": self.max_local_steps}
+                "overlap": self.overlap, "eager_updates": self.eager,
+                "max_local_steps": self.max_local_steps}
 
     def state_dict(self) -> dict[str, Any]:
         """Round, the global weights and BatchNorm statistics, the outer optimizer, the
