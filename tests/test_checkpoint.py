@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import signal
 import subprocess
 import sys
@@ -534,6 +535,8 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     info = json.loads((run / "run.json").read_text())
     assert info["joined_workers"] == [2] and "absent_workers" not in info, info
     assert [r.get("spare", False) for r in info["ranks"]] == [False, False, True]
+    # where the spare ran, as its process said when it joined (not known at the start)
+    assert info["ranks"][2]["host"] == socket.gethostname() and info["ranks"][2]["cores"], info
     leader_log = (run / "logs" / "rank-0.log").read_text()
     offered_at = int(re.search(r"rank\(s\) 2 asked to join: offered a place at round (\d+)",
                                leader_log).group(1))
@@ -583,6 +586,8 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["complete"] and summary["final_accuracy"] >= 0.70, summary
     assert summary["spare_workers"] == [2] and summary["absent_workers"] == []
+    spare, = [r for r in json.loads((run / "run.json").read_text())["ranks"] if r["rank"] == 2]
+    assert spare["device"] == "cpu" and spare["host"] == socket.gethostname(), spare
     assert "spare rank 2 joined" in out and summary["missing_workers"] == []
     assert summary["ledger"]["batches_twice"] == summary["ledger"]["batches_skipped"] == 0
 

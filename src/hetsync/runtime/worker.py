@@ -27,6 +27,7 @@ from hetsync.runtime.assembly import assemble, device_label, parameter_server, s
 from hetsync.runtime.devices import pick_device
 from hetsync.runtime.emulation import nominal_speed_of
 from hetsync.runtime.handshake import broadcast_text, gather_texts
+from hetsync.runtime.membership import shared
 from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
 from hetsync.telemetry.runlog import read_jsonl
@@ -134,9 +135,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     name = broadcast_text(cfg.run_name or default_run_name(cfg), group=start)
     run_dir = Path(run_dir) if run_dir is not None else Path(cfg.log_dir) / name
     is_server = cfg.needs_ps and rank == world - 1
-    me = {**_rank_entry(cfg, rank, is_server), "host": socket.gethostname(),
-          "device": "ps" if is_server else device_label(device),
-          "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    me = {**_rank_entry(cfg, rank, is_server), **_where(device, is_server)}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me), group=start)]
     ranks += [{**_rank_entry(cfg, r, False), "spare": True} for r in spares]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
@@ -161,7 +160,7 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
     mode the handshake takes the parameter server too, and the spares are marked lost in
     the store as `launch` marks a dead worker (the lead rule and the checkpoints pass them
     over), until each links to the server and withdraws its mark."""
-    from hetsync.runtime.membership import LOST, SPARE, Membership, local_groups, shared
+    from hetsync.runtime.membership import LOST, SPARE, Membership, local_groups
 
     store, first = dist.distributed_c10d._get_default_store(), cfg.first_workers
     if not cfg.needs_ps:
@@ -186,6 +185,28 @@ def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
             "sample_weight": None if is_server else cfg.sample_weight_of(rank),
             "nominal_speed": None if is_server else nominal_speed_of(cfg, rank),
             "role": "parameter-server" if is_server else "worker"}
+
+
+def _where(device: torch.device, is_server: bool = False) -> dict:
+    """What run.json says of a rank that its process finds: its host, device and cores."""
+    return {"host": socket.gethostname(), "device": "ps" if is_server else device_label(device),
+            "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+
+
+#: a joiner's `_where` in the run's store, for the leader's run.json (it was not in the start's)
+WHERE = "hetsync/where"
+
+
+def _with_joiners(ranks: list[dict], store) -> list[dict]:
+    """run.json's `ranks`, each one that joined (a spare, or a lost rank started again) as
+    its last process said where it ran."""
+    if store is None:
+        return ranks
+    try:
+        return [{**r, **json.loads(shared(store).get(f"{WHERE}/{r['rank']}"))}
+                if shared(store).check([f"{WHERE}/{r['rank']}"]) else r for r in ranks]
+    except Exception:  # noqa: BLE001 - a store out of reach: the start's entries
+        return ranks
 
 
 def _joined_run(run_dir) -> dict:
@@ -273,6 +294,8 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     records = run_dir / f"worker-{rank}.jsonl"
     if join:
         checkpoint.cut_jsonl(records, lambda r: True)  # (a line cut short by its death)
+        if store is not None:
+            shared(store).set(f"{WHERE}/{rank}", json.dumps(_where(device)))
     poster = loop = None
     try:
         with JsonlWriter(records) as recorder:
@@ -316,6 +339,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         loop.evaluate_snapshots(run_dir)
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
+                info["ranks"] = _with_joiners(ranks, store)
                 write_json_atomic(run_dir / "run.json", _run_info(
                     **info, mode_info=mode.describe(), end_time=start_time + wall, wall_s=wall,
                     train_time=train_time,
