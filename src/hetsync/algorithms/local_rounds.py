@@ -33,10 +33,12 @@ c. one outer step on (D_{t−1} − E_{t−1}) + E_t, and round t+1 starts from 
    DiLoCo's rounds do), its send of round t in flight meanwhile.
 
 Every round's D is applied once in all: this worker's part a round early, the others' a round
-late. The workers' w_global differ by their own parts E_t; evaluation sees rank 0's. Where hetsync
-departs from the paper: a sum completed outside a round's end (a checkpoint, an admission, the
-end) is applied on its own, D − E, as one more outer step; BatchNorm statistics are the
-previous round's mean.
+late. The workers' w_global differ by their own parts (and, through the outer momentum, what
+those left in it); evaluation sees the leader's. Where hetsync departs from the paper: a sum
+completed outside a round's end (a checkpoint, an admission, the end) is applied on its own,
+D − E, as one more outer step; BatchNorm statistics are the previous round's mean (the
+setup's after the first round); after a regroup every worker takes the leader's w_global,
+its own part of the dropped round included.
 
 A worker that has joined (`hetsync.wrap`, no data left) sends zeros and is not counted; the
 mean is over the workers that took steps.
@@ -88,15 +90,16 @@ class OverlapOptions:
         if self.overlap is None:
             self.overlap = default
         if self.eager_updates and not self.overlap:
-            raise invalid_option(self, "eager_updates", "0 with --overlap 0 (eager updates "
-                                 "apply a round's outer step while its sum is in flight)")
+            raise invalid_option(self, "eager_updates", "0, or --overlap 1 beside it (eager "
+                                 "updates apply a round's outer step while its sum is in "
+                                 "flight; this run's rounds are blocking)")
 
 
 class LocalRounds(Mode):
     """The parts composed (see the module docstring). A mode built on it passes its round
     length, its global update's settings (global_lr, outer_momentum, weighting,
     drift_correction), whether the sums overlap the next round (its options' `overlap`),
-    with eager updates (`eager_updates`), and a step limit."""
+    and a step limit; it reads eager updates from its options' `eager_updates`."""
 
     counts_contributors = True
 
@@ -202,6 +205,7 @@ class LocalRounds(Mode):
         return summed
 
     def _take_sent(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What was sent with the sum in flight, given up as it is applied."""
         sent, self._sent = self._sent, None
         return sent
 
@@ -235,10 +239,10 @@ class LocalRounds(Mode):
                 if stats:
                     self._global_stats = summed[:m] / count
         self._early = None
-        if own is not None:
-            workers = self.comm.workers  # (no sum yet: as if every worker sent as this one)
+        if own is not None:  # (no sum yet: the scale as if every worker sent as this one)
+            workers = self.comm.workers
             scale = (self._scale if self._scale is not None
-                     else combine(own * workers, workers, self.weighting)[1])
+                     else combine(own[-1:] * workers, workers, self.weighting)[1])
             self._early = own[:-1] * scale
             update = self._early if update is None else update + self._early
         if update is not None:
@@ -276,9 +280,16 @@ class LocalRounds(Mode):
         leader's global state and starts its first round from it."""
         if joined:  # (no `setup`: its shapes; the values come from the leader)
             self.setup_global()
+        # a member's steps since its w_global (with eager updates each member's is its own)
+        local, stats = self._held()
+        since = (local - self._global,
+                 None if self._global_stats is None else stats - self._global_stats)
         self._take_leaders_global()
         if joined:
             self._load(self._global, self._global_stats)
+        else:
+            self._load(self._global + since[0], None if since[1] is None
+                       else self._global_stats + since[1])
 
     def _take_leaders_global(self) -> None:
         """The leader's global weights, BatchNorm statistics, outer momentum and round, on
@@ -355,3 +366,5 @@ class LocalRounds(Mode):
         if self.variates is not None and state.get("variates") is not None:
             self.variates.load_state_dict(state["variates"])
         self.local_steps = 0
+        if self.eager:  # (each worker's w_global is its own: its rounds start from it)
+            self._load(self._global, self._global_stats)
