@@ -5,6 +5,7 @@ asynchronous mode, go on without it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import socket
@@ -150,6 +151,24 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
                                              records=records, own_rounds=True)
     assert (counting["round"], counting["recorded_round"], counting["mode"]) == \
         (42, 41, {"round": 42})
+
+
+def test_an_asynchronous_rank_whose_shard_was_drawn_on_after_its_checkpoint_goes_on_after():
+    """Rank 1 checkpointed at batch 10 (round 5), drew to batch 14 (round 8) and was lost;
+    rank 0 drew its shard on to batch 20 in records the resume keeps. Rank 1 keeps all its
+    records, draws on from 20 and counts on from round 9; where nobody drew past its
+    checkpoint, the checkpoint stands."""
+    own = {"rank": 1, "round": 6, "recorded_round": 5, "mode": {"round": 6},
+           "data": {"epoch": 0, "batch": 10}, "optimizer": {"state": {}}}
+    records = [{"round": r, "t_end": float(r), "drawn": [[0, r + 5, r + 6]]} for r in (5, 8)]
+    held = [{"rank": 0, "round": 40, "drawn": [[2, 0, 9]],
+             "held": [{"shard": 1, "drawn": [[0, 14, 20]], "epoch_batches": 30}]}]
+    state = checkpoint.drawn_on_since(own, records, held)
+    assert state["data"] == {"epoch": 0, "batch": 20} and state["records_until"] == math.inf
+    assert (state["round"], state["recorded_round"], state["mode"]) == (9, 8, {"round": 9})
+    assert state["optimizer"] == own["optimizer"] and state["restarted"]
+    assert checkpoint.drawn_on_since(own, records, held[:0] + [
+        {"rank": 0, "held": [{"shard": 2, "drawn": [[0, 0, 30]]}]}]) is own
 
 
 def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
@@ -563,9 +582,11 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     assert summary["ledger"]["per_worker"]["2"]["drawn_by"] == [0, 2], summary["ledger"]
     records = [[json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text()
                 .splitlines()] for rank in (0, 2)]
-    held = [h["drawn"] for r in records[0] for h in r.get("held", ())]
+    held = [h for r in records[0] for h in r.get("held", ())]
     own = [r["drawn"] for r in records[1] if r.get("drawn")]
-    assert held[0][0][:2] == [0, 0] and own[0][0][:2] == held[-1][-1][::2], (held, own[:2])
+    epoch, _, end = held[-1]["drawn"][-1]  # (where its draws go on: an epoch may end there)
+    after = [epoch + 1, 0] if end == held[-1]["epoch_batches"] else [epoch, end]
+    assert held[0]["drawn"][0][:2] == [0, 0] and own[0][0][:2] == after, (held, own[:2])
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ ledger counts each shard's batches whoever drew them."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +60,33 @@ def test_positions_go_through_the_store_and_a_hand_over_is_waited_for():
     assert shards.taken_over(store, 4, 3, wait=1.0) == (2, 9)
     with pytest.raises(CommTimeoutError, match="shard 3: its last holder did not hand it over"):
         shards.taken_over(store, 5, 3, wait=0.2)
+
+
+def test_an_asynchronous_runs_drawer_of_a_shard_is_claimed_from_a_lost_one_and_let_go():
+    """Step 6: rank 2 draws its own shard; rank 0 may claim it only once rank 2 is lost, one
+    claimant of two wins; rank 2's next process, back, lets go of what its lost one held
+    and has its shard once its holder lets go, from where the holder published it."""
+    store, lost, never = dist.HashStore(), set(), lambda: False
+    r0, r1, r2, r2_again = (shards.drawer_of(r) for r in (0, 1, 2, 2))
+    assert shards.claim(store, 2, r2, lost.__contains__)  # nobody draws it
+    assert shards.claim(store, 1, r2, lambda r: True)  # (rank 1 lost: rank 2 holds it)
+    shards.publish(store, {2: (3, 11)})
+    assert not shards.claim(store, 2, r0, lost.__contains__)  # rank 2 draws it, alive
+    lost.add(2)
+    assert shards.claim(store, 2, r0, lost.__contains__)
+    assert not shards.claim(store, 2, r1, lost.__contains__)  # rank 0 draws it now
+    lost.discard(2)
+    with pytest.raises(CommTimeoutError, match="shard 2: the worker that held it did not"):
+        shards.claim_own(store, r2_again, range(3), 0.1, lost.__contains__, never)
+    assert shards.claim(store, 1, r1, lost.__contains__)  # rank 2's lost process let go
+    assert not shards.claim_own(store, r2_again, range(3), 5.0, lost.__contains__,
+                                lambda: True)  # the run stopped meanwhile
+    shards.publish(store, {2: (4, 5)})  # rank 0's last record of it
+    shards.let_go(store, 2, r0)
+    assert shards.claim_own(store, r2_again, range(3), 1.0, lost.__contains__, never)
+    assert shards.published(store, 2) == (4, 5) and shards.published(store, 0, None) is None
+    shards.let_go(store, 2, r1)  # (not its drawer: changes nothing)
+    assert not shards.claim(store, 2, r1, lost.__contains__)
 
 
 def _member(rank, members, store, generation, held_shards=()):
@@ -121,6 +149,13 @@ def test_the_ledger_counts_a_shard_drawn_by_its_worker_then_a_holder_as_one():
     assert twice["batches_twice"] == 1  # batch 1 of epoch 1: the holder's and its own
 
 
+def _after(drawn, epoch_batches):
+    """Where draws that ended at `drawn`'s last range go on: [epoch, batch] (the next
+    epoch's first batch after its last)."""
+    epoch, _, end = drawn[-1]
+    return [epoch + 1, 0] if end == epoch_batches else [epoch, end]
+
+
 def _records(run, rank):
     return [json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text().splitlines()]
 
@@ -152,10 +187,48 @@ def test_a_lost_workers_shard_is_drawn_by_a_member_until_it_joins_again(tmp_path
         held += [(r["round"], h["drawn"]) for h in r.get("held", ()) if h["shard"] == 2]
     # rank 0 drew shard 2 between the loss and the join, from where rank 2's records end
     assert held and lost[-1]["round"] < held[0][0] <= back[0]["round"], (held[:3], out)
-    assert held[0][1][0][:2] == lost[-1]["drawn"][-1][::2]
+    batches = lost[-1]["epoch_batches"]
+    assert held[0][1][0][:2] == _after(lost[-1]["drawn"], batches)
     # and rank 2 went on from where rank 0 got to
-    assert back[0]["drawn"][0][:2] == held[-1][1][-1][::2], (held[-1], back[0])
+    assert back[0]["drawn"][0][:2] == _after(held[-1][1], batches), (held[-1], back[0])
     summary = json.loads((run / "summary.json").read_text())
     ledger = summary["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    assert ledger["per_worker"]["2"]["drawn_by"] == [0, 2], ledger
+
+
+@pytest.mark.slow
+def test_an_asynchronous_runs_lost_worker_has_its_shard_drawn_until_it_joins_again(tmp_path):
+    """async, 3 workers: kill -9 of rank 2; rank 0 claims its shard (`shards.py` step 6)
+    and draws it on from where rank 2's records end; launch starts rank 2 again, which links
+    to the parameter server and goes on from where rank 0 got to. 0 batches twice, 0
+    skipped."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
+         "--slowdowns", "1,2,2", "--dataset", "synthetic", "--network", "mlp",
+         "--time-budget", "14", "--eval-interval", "1", "-ld", str(tmp_path), "--run-name",
+         "run", "--quiet", "--no-figures", "--timeout", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not ((run / "worker-2.jsonl").exists() and len(_records(run, 2)) >= 30):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    os.kill(pid_of_rank(run, 2), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    joined = re.search(r"rank 2: joined the run at round (\d+)",
+                       (run / "logs" / "rank-2.log").read_text())
+    assert joined, out
+    records = _records(run, 2)
+    lost = [r for r in records if r["round"] < int(joined.group(1))]
+    back = [r for r in records if r["round"] >= int(joined.group(1))]
+    held = [(r["round"], h["drawn"]) for r in _records(run, 0) for h in r.get("held", ())
+            if h["shard"] == 2]
+    assert held and back, (held[:2], back[:2], out)
+    batches = lost[-1]["epoch_batches"]
+    assert held[0][1][0][:2] == _after(lost[-1]["drawn"], batches)  # from rank 2's last record
+    assert back[0]["drawn"][0][:2] == _after(held[-1][1], batches), (held[-1], back[0])
+    ledger = json.loads((run / "summary.json").read_text())["ledger"]
     assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
     assert ledger["per_worker"]["2"]["drawn_by"] == [0, 2], ledger

@@ -253,6 +253,26 @@ def for_restarted_rank(run_dir: Path, index: int, rank: int, leader: int,
             "records_until": until}
 
 
+def drawn_on_since(own: dict, records: list[dict[str, Any]] = (),
+                   held: list[dict[str, Any]] = ()) -> dict:
+    """An asynchronous rank's checkpoint `own` where the other workers' records the resume
+    keeps (`held`) drew its shard past `own`'s data position: it was lost after `own` was
+    written, and a member drew its shard on meanwhile (`runtime/shards.py`, step 6). Then
+    its own round `records` are all kept (they end where the member's draws began, or after
+    them if it joined again), and it draws on where the two end, counting its rounds on
+    after its last record; else `own` as it is."""
+    rank, data = int(own["rank"]), own["data"]
+    others = ledger.reached(held, shard=rank)
+    if others is None or (others["epoch"], others["batch"]) <= (data["epoch"], data["batch"]):
+        return own
+    last = max([int(r["round"]) for r in records] + [int(own["recorded_round"])])
+    return {**own, "data": ledger.reached([{**r, "rank": rank} for r in records]
+                                          + list(held), shard=rank),
+            "round": last + 1, "recorded_round": last,
+            "mode": {**own["mode"], "round": last + 1},
+            "restarted": True, "records_until": math.inf}
+
+
 class Checkpointer:
     """Writes this rank's checkpoints into `run_dir`, numbering them 1, 2, ... (continuing
     after `start` on a resumed run) and keeping the last `keep`."""

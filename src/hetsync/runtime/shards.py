@@ -18,15 +18,24 @@ per epoch (docs/design.md, "The data ledger").
    wait);
 5. a worker draws its shards in turn, one batch of each (`HeldShards.draw`), each with its
    own worker's sampler (seed and batch size), and records another's apart (a record's
-   `held`, `telemetry/ledger.py`).
+   `held`, `telemetry/ledger.py`);
+6. an asynchronous mode has no membership to agree on (each worker talks to the parameter
+   server alone): its members are the ranks `launch` has not marked lost, and each shard's
+   drawer is named in the store (`DRAWER`). At most twice a second, after a record, a
+   worker lets go of the shards another member holds now (`let_go`: their own worker is
+   back) and `claim`s those it holds — one that nobody draws, or whose drawer is lost — from
+   where they were last published. A drawer is named by rank and process (`drawer_of`), so
+   that a lost process's claims are told apart from its successor's. A worker that joins
+   lets go of what its lost process held, then waits until its own shard's holder has let
+   go (`claim_own`).
 
 Where hetsync departs from a re-partition: the shards stay whole, so a lost slow device's
-small batches are drawn as they were; the asynchronous modes, which do not regroup, leave a
-lost worker's shard undrawn until it comes back.
+small batches are drawn as they were.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -35,6 +44,8 @@ from hetsync.comm.errors import CommError, CommTimeoutError
 
 #: where a shard's draws have reached, as its holder last published: ``KEY/SHARD``
 KEY = "hetsync/shard"
+#: an asynchronous run's drawer of a shard (step 6): ``DRAWER/SHARD`` = `drawer_of`, or empty
+DRAWER = "hetsync/drawer"
 
 
 def holder(shard: int, members: list[int]) -> int:
@@ -133,10 +144,11 @@ def publish(store, positions: dict[int, tuple[int, int]]) -> None:
         store.set(f"{KEY}/{shard}", _text(position))
 
 
-def published(store, shard: int) -> tuple[int, int]:
-    """Step 3: where `shard`'s last holder's recorded draws ended ((0, 0): never published)."""
+def published(store, shard: int, never: tuple[int, int] | None = (0, 0)):
+    """Step 3: where `shard`'s last holder's recorded draws ended (`never`: never published,
+    its start)."""
     key = f"{KEY}/{shard}"
-    return _position(store.get(key)) if store.check([key]) else (0, 0)
+    return _position(store.get(key)) if store.check([key]) else never
 
 
 def hand_over(store, generation: int, shard: int, position: tuple[int, int]) -> None:
@@ -163,3 +175,57 @@ def taken_over(store, generation: int, shard: int, wait: float,
                                    op="join", seconds=wait)
         time.sleep(0.02)
     return _position(store.get(key))
+
+
+def drawer_of(rank: int) -> str:
+    """This process's name as a drawer (step 6): its rank, and who it is apart from an
+    earlier process of that rank (a claim of what a lost process held must not match its
+    successor's)."""
+    return f"{rank}/{secrets.token_hex(4)}"
+
+
+def _rank(drawer: str) -> int:
+    return int(drawer.split("/")[0])
+
+
+def claim(store, shard: int, me: str, lost: Callable[[int], bool]) -> bool:
+    """Step 6: make drawer `me` the drawer of `shard` if nobody draws it, it does already,
+    it is its own and an earlier process of its rank drew it, or its drawer's rank is
+    `lost`; whether it is now (a compare-and-set: one of several claimants is)."""
+    key = f"{DRAWER}/{shard}"
+    drawer = store.get(key).decode() if store.check([key]) else ""
+    if (drawer not in ("", me) and not lost(_rank(drawer))
+            and not _rank(drawer) == _rank(me) == shard):
+        return False
+    return store.compare_set(key, drawer, me).decode() == me
+
+
+def let_go(store, shard: int, me: str) -> None:
+    """Step 6: drawer `me` draws `shard` no more (the caller has published where its draws
+    reached)."""
+    store.compare_set(f"{DRAWER}/{shard}", me, "")
+
+
+def claim_own(store, me: str, shards, wait: float, lost: Callable[[int], bool],
+              stopped: Callable[[], bool]) -> bool:
+    """Step 6, a worker that joins (drawer `me`): let go of what an earlier process of its
+    rank held for others (where it got is published), then take its own shard once the
+    member that held it has let go (at its next check), waiting up to `wait` seconds (its
+    position: `published`). False if the run `stopped` first; CommTimeoutError after
+    `wait`."""
+    rank = _rank(me)
+    for shard in shards:
+        key = f"{DRAWER}/{shard}"
+        if shard != rank and store.check([key]):
+            drawer = store.get(key).decode()
+            if drawer and _rank(drawer) == rank:
+                store.compare_set(key, drawer, "")
+    deadline = time.monotonic() + wait
+    while not claim(store, rank, me, lost):
+        if stopped():
+            return False
+        if time.monotonic() >= deadline:
+            raise CommTimeoutError(f"shard {rank}: the worker that held it did not let it go "
+                                   f"within {wait:.0f} s", op="join", seconds=wait)
+        time.sleep(0.02)
+    return True

@@ -128,6 +128,8 @@ class TrainingLoop:
         self.store = store
         # (asynchronous modes: `_follow_lead`; a joiner's, once it has entered)
         self._leader, self._next_lead_check = (-1 if joining else 0), 0.0
+        # (an asynchronous mode's shards: `_follow_drawers`)
+        self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         self._take_lead()
 
     @property
@@ -393,10 +395,24 @@ class TrainingLoop:
         return self.held.shards[self.rank].position
 
     # ------------------------------------------------------------------ shards held
-    # (`runtime/shards.py`: a regrouping run's lost workers' and absent spares' shards)
+    # (`runtime/shards.py`: the lost workers' and absent spares' shards)
+    @property
+    def _claims_shards(self) -> bool:
+        """An asynchronous parameter-server mode's worker: its shards are claimed in the
+        store (`shards.py`, step 6), there being no membership to agree on them."""
+        return (self.membership is None and self.path is ControlPath.STORE
+                and self.store is not None and self.mode.comm.ps_client is not None)
+
     def _hold_shards(self, joined: bool) -> None:
         """At the start: the absent spares' shards this worker holds (from their start: a
-        resumed run starts every rank), then where every shard it holds stands."""
+        resumed run starts every rank; an asynchronous mode claims them, `_follow_drawers`),
+        then where every shard it holds stands."""
+        if self._claims_shards:
+            if not joined:  # (a joiner claimed its own as it entered)
+                shared(self.store).set(f"{shards.DRAWER}/{self.rank}", self._drawer)
+            self._publish_positions()
+            self._follow_drawers()
+            return
         if self.membership is None:
             return
         if not joined:
@@ -409,8 +425,45 @@ class TrainingLoop:
         return shards.held_by(self.rank, self.membership.members, self.run_ranks)
 
     def _publish_positions(self) -> None:
-        if self.membership is not None:
+        if self.membership is not None or self._claims_shards:
             shards.publish(shared(self.store), self.held.positions())
+
+    def _follow_drawers(self) -> None:
+        """An asynchronous mode, after a record (at most twice a second): let go of the
+        shards another worker holds now, claim those this one does (`shards.py`, step 6)."""
+        now = time.monotonic()
+        if not self._claims_shards or now < self._next_drawer_check:
+            return
+        self._next_drawer_check = now + 0.5
+        from hetsync.runtime.membership import known_lost
+
+        store, lost = shared(self.store), set(known_lost(self.store, self.run_ranks))
+        mine = shards.held_by(self.rank, [r for r in self.run_ranks if r not in lost],
+                              self.run_ranks)
+        for shard in self.held.others():
+            if shard not in mine:  # (where its draws reached: published with the record)
+                shards.let_go(store, shard, self._drawer)
+                self.held.release(shard)
+        for shard in mine:
+            if shard not in self.held.shards and shards.claim(store, shard, self._drawer,
+                                                              lost.__contains__):
+                self.held.hold(shard, shards.published(store, shard))
+
+    def _claim_own_shard(self) -> bool:
+        """An asynchronous mode's joiner: its own shard, from where the member that held it
+        while it was away got to (or its own records, if nobody published it). False if the
+        run stopped first."""
+        from hetsync.runtime.membership import known_lost
+
+        store = shared(self.store)
+        if not shards.claim_own(store, self._drawer, self.run_ranks, self.cfg.timeout,
+                                lambda r: bool(known_lost(self.store, [r])),
+                                self.control.stopped):
+            return False
+        position = shards.published(store, self.rank, never=None)
+        if position is not None:
+            self.start_at(*position)
+        return True
 
     def _take_shards(self, position_of, keep: bool, own: bool = False) -> None:
         """The members changed: let go of the shards another member holds now, and hold
@@ -619,10 +672,11 @@ class TrainingLoop:
     def _enter_server(self, st: LoopState, asked: float) -> bool:
         """An asynchronous mode's joiner: a link of its own to the parameter server
         (`runtime/server_link.py`), then the server's model (the mode's `setup`: a pull). It
-        goes on with its own round count and draws (`go_on_from`), on the run's clock and
-        sample count. Where the store still names its rank the leader (its old process led,
-        and nobody has taken over), it leads on, unless another worker takes the lead first
-        (the same compare-and-set). False if the run stopped first."""
+        goes on with its own round count (`go_on_from`), on the run's clock and sample
+        count, its shard from where the member that drew it meanwhile got to
+        (`_claim_own_shard`). Where the store still names its rank the leader (its old
+        process led, and nobody has taken over), it leads on, unless another worker takes
+        the lead first (the same compare-and-set). False if the run stopped first."""
         from hetsync.runtime import server_link
 
         client = self.mode.comm.ps_client
@@ -631,6 +685,8 @@ class TrainingLoop:
         if link is None:
             return False
         client.use_link(link)
+        if self._claims_shards and not self._claim_own_shard():
+            return False
         leader, named = self._lead()
         if leader == self.rank:
             leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
@@ -711,6 +767,7 @@ class TrainingLoop:
                               for shard, drawn in sorted(rnd.held.items())]
         self.recorder.write(record)
         self._publish_positions()
+        self._follow_drawers()
 
 
 def _cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

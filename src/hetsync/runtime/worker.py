@@ -197,16 +197,18 @@ def _where(device: torch.device, is_server: bool = False) -> dict:
 WHERE = "hetsync/where"
 
 
-def _with_joiners(ranks: list[dict], store) -> list[dict]:
+def _with_joiners(ranks: list[dict], store, absent: list[int]) -> list[dict]:
     """run.json's `ranks`, each one that joined (a spare, or a lost rank started again) as
-    its last process said where it ran."""
+    its last process said where it ran (not a spare still `absent`: it never took part)."""
     if store is None:
         return ranks
     try:
-        return [{**r, **json.loads(shared(store).get(f"{WHERE}/{r['rank']}"))}
-                if shared(store).check([f"{WHERE}/{r['rank']}"]) else r for r in ranks]
+        store = shared(store)
+        where = {r["rank"]: json.loads(store.get(f"{WHERE}/{r['rank']}")) for r in ranks
+                 if r["rank"] not in absent and store.check([f"{WHERE}/{r['rank']}"])}
     except Exception:  # noqa: BLE001 - a store out of reach: the start's entries
         return ranks
+    return [{**r, **where.get(r["rank"], {})} for r in ranks]
 
 
 def _joined_run(run_dir) -> dict:
@@ -294,8 +296,10 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     records = run_dir / f"worker-{rank}.jsonl"
     if join:
         checkpoint.cut_jsonl(records, lambda r: True)  # (a line cut short by its death)
-        if store is not None:
+        try:  # (for the leader's run.json; it asks the store to join just after)
             shared(store).set(f"{WHERE}/{rank}", json.dumps(_where(device)))
+        except Exception:  # noqa: BLE001 - where it runs is not worth its run
+            pass
     poster = loop = None
     try:
         with JsonlWriter(records) as recorder:
@@ -339,7 +343,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         loop.evaluate_snapshots(run_dir)
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
-                info["ranks"] = _with_joiners(ranks, store)
+                info["ranks"] = _with_joiners(ranks, store, loop.absent_workers())
                 write_json_atomic(run_dir / "run.json", _run_info(
                     **info, mode_info=mode.describe(), end_time=start_time + wall, wall_s=wall,
                     train_time=train_time,
@@ -425,6 +429,11 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
             held=_kept_of_others(run_dir, chosen, restarted))
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
+        if not collective:  # (a member drew its shard on after that checkpoint)
+            path = run_dir / f"worker-{rank}.jsonl"
+            own = checkpoint.drawn_on_since(
+                own, read_jsonl(path) if path.is_file() else [],
+                _kept_of_others(run_dir, chosen, restarted + [rank]))
     clock = float(broadcast_text(json.dumps(own["loop"]["t"] if rank == 0 else 0.0)))
     if own is not None:
         own["loop"]["t"] = clock
