@@ -94,13 +94,9 @@ def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta(batches):
         torch.testing.assert_close(ours, results[0][0])  # one global model
 
 
-def _overlapped_diloco_run(rank, world, inner_steps, rounds):
-    """DiLoCo with --overlap 1 on real ranks, and beside it by hand: each round's mean delta
-    is applied by torch.optim.SGD (Nesterov) at the end of the next round, the steps taken
-    meanwhile kept on top of the new global weights, and the last one at `finish`. (The loop
-    also `poll`s, which applies a sum as soon as it is in; without it each waits for the
-    next round's end: the latest it can be applied.) Returns (DiLoCo's global weights, the
-    hand's, this rank's local weights before `finish`)."""
+def _overlapped_diloco(rank, world, **options):
+    """DiLoCo with --overlap 1 and `options` on real ranks, set up from one model: (its
+    background channel, the model, its SGD, the mode)."""
     from hetsync.comm.channel import Channel
 
     group = dist.new_group(list(range(world)))
@@ -110,8 +106,20 @@ def _overlapped_diloco_run(rank, world, inner_steps, rounds):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
                                           channel=channel),
-                  DiLoCoOptions(inner_steps=inner_steps, overlap=True))
+                  DiLoCoOptions(overlap=True, **options))
     algo.setup()
+    return channel, model, opt, algo
+
+
+def _overlapped_diloco_run(rank, world, inner_steps, rounds):
+    """DiLoCo with --overlap 1 on real ranks, and beside it by hand: each round's mean delta
+    is applied by torch.optim.SGD (Nesterov) at the end of the next round, the steps taken
+    meanwhile kept on top of the new global weights, and the last one at `finish`. (The loop
+    also `poll`s, which applies a sum as soon as it is in; without it each waits for the
+    next round's end: the latest it can be applied.) Returns (DiLoCo's global weights, the
+    hand's, this rank's local weights before `finish`)."""
+    channel, model, opt, algo = _overlapped_diloco(rank, world, inner_steps=inner_steps)
+    group = algo.comm.group
     params = list(model.parameters())
     hand = torch.nn.Parameter(flatten(params).clone())
     hand_outer = torch.optim.SGD([hand], lr=0.7, momentum=0.9, nesterov=True)
@@ -166,18 +174,10 @@ def _eager_diloco_run(rank, world, inner_steps, rounds, outer_lr, momentum):
     round's mean delta less the own part it already applied; the next round starts from the
     new global weights; `finish` applies the last mean less the own part. Returns (DiLoCo's
     global weights, the hand's)."""
-    from hetsync.comm.channel import Channel
-
-    group = dist.new_group(list(range(world)))
-    channel = Channel(dist.new_group(list(range(world))))
-    torch.manual_seed(0)
-    model = SmallNet()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    algo = DiLoCo(model, opt, CommContext(rank=rank, workers=world, group=group,
-                                          channel=channel),
-                  DiLoCoOptions(inner_steps=inner_steps, overlap=True, eager_updates=True,
-                                global_lr=outer_lr, outer_momentum=momentum))
-    algo.setup()
+    channel, model, opt, algo = _overlapped_diloco(
+        rank, world, inner_steps=inner_steps, eager_updates=True, global_lr=outer_lr,
+        outer_momentum=momentum)
+    group = algo.comm.group
     params = list(model.parameters())
     hand = torch.nn.Parameter(flatten(params).clone())
     hand_outer = torch.optim.SGD([hand], lr=outer_lr, momentum=momentum, nesterov=momentum > 0)
