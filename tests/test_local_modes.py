@@ -111,6 +111,20 @@ def _overlapped_diloco(rank, world, **options):
     return channel, model, opt, algo
 
 
+def _round_beside(algo, mode_net, hand_net, data, inner_steps):
+    """One round of `inner_steps`: the mode's steps on (model, optimizer) `mode_net` and plain
+    SGD steps on `hand_net` beside them, on the same batch `data`; the round ends at the last."""
+    (model, opt), (fast, fast_opt), (x, y) = mode_net, hand_net, data
+    for k in range(inner_steps):
+        for net, o in ((model, opt), (fast, fast_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+        action = algo.decide(Step(0.0, 0.01))
+        assert (action is Action.AVERAGE_MODELS) == (k == inner_steps - 1)
+        fast_opt.step()
+        algo.perform(action)
+
+
 def _overlapped_diloco_run(rank, world, inner_steps, rounds):
     """DiLoCo with --overlap 1 on real ranks, and beside it by hand: each round's mean delta
     is applied by torch.optim.SGD (Nesterov) at the end of the next round, the steps taken
@@ -137,14 +151,7 @@ def _overlapped_diloco_run(rank, world, inner_steps, rounds):
         unflatten_into(hand.detach() + (local - sent), list(fast.parameters()))
 
     for r in range(rounds):
-        for k in range(inner_steps):
-            for net, o in ((model, opt), (fast, fast_opt)):
-                o.zero_grad()
-                torch.nn.functional.cross_entropy(net(x), y).backward()
-            action = algo.decide(Step(0.0, 0.01))
-            assert (action is Action.AVERAGE_MODELS) == (k == inner_steps - 1)
-            fast_opt.step()
-            algo.perform(action)
+        _round_beside(algo, (model, opt), (fast, fast_opt), (x, y), inner_steps)
         if pending is not None:
             settle_by_hand()
         sent = flatten(list(fast.parameters())).clone()
@@ -192,13 +199,7 @@ def _eager_diloco_run(rank, world, inner_steps, rounds, outer_lr, momentum):
         hand_outer.step()
 
     for r in range(rounds):
-        for k in range(inner_steps):
-            for net, o in ((model, opt), (fast, fast_opt)):
-                o.zero_grad()
-                torch.nn.functional.cross_entropy(net(x), y).backward()
-            action = algo.decide(Step(0.0, 0.01))
-            fast_opt.step()
-            algo.perform(action)
+        _round_beside(algo, (model, opt), (fast, fast_opt), (x, y), inner_steps)
         delta = flatten(list(fast.parameters())) - hand.detach()
         outer_step_by_hand(late + delta / world)
         unflatten_into(hand.detach(), list(fast.parameters()))
