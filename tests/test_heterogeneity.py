@@ -53,3 +53,24 @@ def test_the_timer_adds_a_drawn_straggler_delay_to_the_step():
     started = timer.begin()
     timer.emulate()
     assert time.perf_counter() - started >= 0.05  # a lower bound holds on a busy machine
+
+
+
+def test_a_step_on_a_smaller_batch_is_topped_up_to_its_share_of_the_devices_step(
+        monkeypatch):
+    """A lost worker's batch of another size (`runtime/shards.py`) takes its samples' time:
+    a quarter of the batch, a quarter of F x the reference work."""
+    from types import SimpleNamespace
+
+    import hetsync.runtime.heterogeneity as heterogeneity
+
+    slept, ticks = [], iter(range(1000))
+    clock = SimpleNamespace(perf_counter=lambda: next(ticks) * 0.001, sleep=slept.append,
+                            thread_time=time.thread_time, process_time=time.process_time)
+    monkeypatch.setattr(heterogeneity, "time", clock)  # each reading 1 ms after the last
+    timer = StepTimer(4.0, work=0.010)
+    for share in (1.0, 0.25, 1.0):
+        timer.begin()
+        timer.emulate(share)
+    # each step's own wall time is 1 ms: topped up to 4 x 10 ms, then to a quarter of it
+    assert slept == pytest.approx([0.039, 0.009, 0.039])

@@ -21,12 +21,15 @@ from hetsync.algorithms.round_length import FixedSteps
 LR = 0.1
 
 
-def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=None):
+def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=None,
+                held=None):
     """DiLoCo on real ranks, and beside it the same training computed by hand: plain SGD
     steps, torch.distributed.all_reduce of the deltas, torch.optim.SGD on their mean's
-    negative (`batches`: each rank's batch, the deltas weighted by them, as
-    --balanced-batches runs it). Returns (DiLoCo's global weights, the hand's, the workers'
-    models averaged after every step — synchronous model averaging) after `rounds` rounds."""
+    negative (`batches`: each rank's batch, the deltas weighted by the samples behind them, as
+    --balanced-batches runs it; `held`: the batch of a lost worker's shard that rank 1 draws
+    at the first step of every round, as the training loop does). Returns (DiLoCo's global
+    weights, the hand's, the workers' models averaged after every step — synchronous model
+    averaging) after `rounds` rounds."""
     group = dist.new_group(list(range(world)))
     torch.manual_seed(rank)  # different models: DiLoCo's setup must make them rank 0's
     model = SmallNet()
@@ -46,14 +49,17 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=No
     twin = SmallNet()  # plain SGD with every worker's model averaged after each step
     unflatten_into(start, list(twin.parameters()))
     twin_opt = torch.optim.SGD(twin.parameters(), lr=LR)
-    x, y = batch(rank, batches[rank])
+    own = batch(rank, batches[rank])
     for r in range(rounds):
         fast = SmallNet()
         unflatten_into(hand.detach(), list(fast.parameters()))
         fast.load_state_dict({**fast.state_dict(), **{k: v for k, v in model.state_dict().items()
                                                      if k.startswith("bn.")}})
         fast_opt = torch.optim.SGD(fast.parameters(), lr=LR)
+        samples = 0
         for k in range(inner_steps):
+            x, y = batch(world, held) if held and rank == 1 and k == 0 else own
+            algo.batch_share, samples = len(y) / batches[rank], samples + len(y)
             for net, o in ((model, opt), (fast, fast_opt), (twin, twin_opt)):
                 o.zero_grad()
                 torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -67,9 +73,11 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=No
                 dist.all_reduce(averaged, group=group)
                 unflatten_into(averaged / world, list(twin.parameters()))
             algo.perform(action)
-        delta = (flatten(list(fast.parameters())) - hand.detach()) * batches[rank]
+        delta = (flatten(list(fast.parameters())) - hand.detach()) * samples
+        total = torch.tensor([float(samples)])
         dist.all_reduce(delta, group=group)
-        hand.grad = -delta / sum(batches)
+        dist.all_reduce(total, group=group)
+        hand.grad = -delta / total
         hand_outer.step()
     with algo.global_model():
         ours = flatten(params).clone()
@@ -85,10 +93,12 @@ def test_diloco_with_one_inner_step_and_outer_sgd_at_rate_one_is_synchronous_ave
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batches", [None, [8, 4, 2]], ids=["equal", "balanced"])
-def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta(batches):
-    """(balanced: each delta counts by its worker's samples)"""
-    results = run_ranks(_diloco_run, 3, 3, 0.7, 0.9, 3, batches)
+@pytest.mark.parametrize("batches,held", [(None, None), ([8, 4, 2], None), ([8, 4, 2], 2)],
+                         ids=["equal", "balanced", "balanced-holding"])
+def test_diloco_is_h_inner_steps_then_nesterov_on_the_mean_delta(batches, held):
+    """(balanced: each delta counts by its worker's samples; holding: rank 1's a batch of 2
+    of a lost worker's shard among its batches of 4)"""
+    results = run_ranks(_diloco_run, 3, 3, 0.7, 0.9, 3, batches, held)
     for ours, hand, _ in results:
         torch.testing.assert_close(ours, hand)
         torch.testing.assert_close(ours, results[0][0])  # one global model

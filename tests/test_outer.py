@@ -50,7 +50,7 @@ def test_samples_weighting_counts_each_workers_batch_where_batches_differ():
     """--balanced-batches: τ_i counts steps × the worker's batch (relative to the others'),
     so each delta counts by the samples behind it."""
     deltas, steps, batches = _deltas(3), [8, 8, 4], [2.0, 1.0, 0.5]
-    summed = sum(contribution(d, s, "samples", b) for d, s, b in zip(deltas, steps, batches))
+    summed = sum(contribution(d, s, "samples", s * b) for d, s, b in zip(deltas, steps, batches))
     vec, scale = combine(summed, 3, "samples")
     samples = [s * b for s, b in zip(steps, batches)]
     torch.testing.assert_close(vec * scale, sum(n * d for n, d in zip(samples, deltas))

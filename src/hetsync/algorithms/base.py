@@ -268,6 +268,9 @@ class Mode:
         #: how many workers put data into the last round's sum (collective modes; None until
         #: a round has been summed): 0 means every worker has joined
         self.contributors: int | None = None
+        #: this step's samples ÷ a batch of this worker's own: 1, but for a step on another's
+        #: shard whose batches differ (`runtime/shards.py`; the loop sets it before `decide`)
+        self.batch_share = 1.0
 
     @classmethod
     def check_optimizer(cls, optimizer: torch.optim.Optimizer) -> None:

@@ -112,7 +112,8 @@ class LocalRounds(Mode):
         self.weighting = settings["weighting"]
         self.variates = (ControlVariates() if settings["drift_correction"] == "scaffold"
                          else None)
-        self.local_steps = 0
+        #: the round's local steps, and their batches in this worker's own (`batch_share`)
+        self.local_steps, self.local_batches = 0, 0.0
         self._global: torch.Tensor | None = None   # w_global: the outer optimizer's parameter
         self._global_stats: torch.Tensor | None = None
         self.outer: torch.optim.Optimizer | None = None
@@ -163,6 +164,7 @@ class LocalRounds(Mode):
                 self.variates.correct(self.parameters(), self.lr)
             self.optimizer.step()
             self.local_steps += 1
+            self.local_batches += self.batch_share
         if action is Action.AVERAGE_MODELS:
             self._aggregate()
 
@@ -180,7 +182,8 @@ class LocalRounds(Mode):
         delta = local - self._global
         variate = (self.variates.contribution(delta) if self.variates is not None
                    else local.new_zeros(0))
-        weighted = contribution(delta, self.local_steps, self.weighting, self.comm.sample_weight)
+        weighted = contribution(delta, self.local_steps, self.weighting,
+                                self.local_batches * self.comm.sample_weight)
         buffer = with_count(torch.cat([sent_stats, variate, weighted]), self.local_steps > 0)
         if self.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
@@ -189,7 +192,7 @@ class LocalRounds(Mode):
         if self.eager:  # (the steps until the sum comes in count from where this leaves)
             self._apply_sum(summed, self._sent, own=weighted if self.local_steps else None)
             self._sent = self._held()
-        self.local_steps = 0
+        self.local_steps, self.local_batches = 0, 0.0
 
     def _held(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_local, its BatchNorm statistics: empty without any), as copies."""
@@ -257,7 +260,7 @@ class LocalRounds(Mode):
         and round become everyone's (one broadcast), and each worker starts its next round from
         them."""
         self._pending = self._sent = self._early = None
-        self.local_steps = 0
+        self.local_steps, self.local_batches = 0, 0.0
         self._take_leaders_global()
         self._load(self._global, self._global_stats)
         self.optimizer.state.clear()  # local momentum belongs to the dropped steps
@@ -365,6 +368,6 @@ class LocalRounds(Mode):
         self.length.load_state_dict(state["length"])
         if self.variates is not None and state.get("variates") is not None:
             self.variates.load_state_dict(state["variates"])
-        self.local_steps = 0
+        self.local_steps, self.local_batches = 0, 0.0
         if self.eager:  # (each worker's w_global is its own: its rounds start from it)
             self._load(self._global, self._global_stats)

@@ -9,7 +9,8 @@ Weightings:
 
 - ``uniform``: D = mean Δ_i (ESync);
 - ``samples``: D = Σ τ_i·Δ_i / Σ τ_i (each sample counts once, whoever processed it; where
-  batches differ, `--balanced-batches`, τ_i is steps × the worker's `sample_weight`);
+  batches differ, `--balanced-batches`, τ_i is steps × the worker's `sample_weight`, each
+  step on a lost worker's shard at that shard's batch);
 - ``fednova``: D = τ_eff · Σ p_i·Δ_i/τ_i with p_i = 1/P and τ_eff = Σ p_i·τ_i (FedNova, Wang
   et al., NeurIPS 2020: normalised averaging removes the pull towards fast workers' data that
   plain averaging of unequal local steps converges to).
@@ -72,12 +73,14 @@ class WeightingOptions:
 
 
 def contribution(delta: torch.Tensor, steps: int, weighting: str,
-                 batch: float = 1.0) -> torch.Tensor:
+                 samples: float | None = None) -> torch.Tensor:
     """What worker i adds to the round's all-reduce: its weighted delta, then τ_i (for
-    ``samples``, its steps × `batch`, its batch relative to the others': its
-    `CommContext.sample_weight`)."""
+    ``samples``, `samples`: the round's samples relative to the others' — its steps × its
+    `CommContext.sample_weight`, a step on a held shard at that shard's batch; default
+    `steps`)."""
     if weighting == "samples":
-        tau = torch.tensor([steps * batch], dtype=delta.dtype, device=delta.device)
+        tau = torch.tensor([float(steps if samples is None else samples)], dtype=delta.dtype,
+                           device=delta.device)
         return torch.cat([delta * tau, tau])
     tau = torch.tensor([float(steps)], dtype=delta.dtype, device=delta.device)
     if weighting == "uniform":

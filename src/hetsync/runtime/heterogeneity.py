@@ -92,10 +92,11 @@ def parse_delay(text: str) -> tuple[float, bool]:
 class StepTimer:
     """Times one step on the wall clock and a CPU clock, and emulates its slowdown.
 
-    `begin()` before the step's data; `emulate()` after its backward (and after
+    `begin()` before the step's data; `emulate(share)` after its backward (and after
     `cuda.synchronize`): sleeps as `emulated_sleep` says for the typical work (`work`, when
-    given: the reference device's), and a random straggler's delay if one is drawn, once per
-    step.
+    given: the reference device's) × `share`, the step's samples ÷ the device's own batch (a
+    lost worker's batch of another size, `runtime/shards.py`, takes its own samples' time),
+    and a random straggler's delay if one is drawn, once per step.
     """
 
     CALIBRATION = 32
@@ -123,16 +124,16 @@ class StepTimer:
         self._slept = False
         return self.started
 
-    def emulate(self) -> None:
+    def emulate(self, share: float = 1.0) -> None:
         if self._slept or (self.factor <= 1 and self._delays is None):
             return
         self._slept = True
         wall = time.perf_counter() - self.started
         cpu = self._cpu_clock() - self._cpu_started if self.cpu_device else None
-        if self.work is None and len(self._work) < self.CALIBRATION:
+        if self.work is None and len(self._work) < self.CALIBRATION and share == 1:
             self._work.append(wall if cpu is None else min(cpu, wall))
             self._typical = statistics.median(self._work)
-        sleep = emulated_sleep(self.factor, wall, self._typical)
+        sleep = emulated_sleep(self.factor, wall, self._typical * share)
         if self._delays is not None:
             delay = next(self._delays)
             sleep += delay * (self.factor * self._typical if self.straggler.relative else 1.0)

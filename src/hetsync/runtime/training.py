@@ -99,6 +99,7 @@ class TrainingLoop:
         #: the shards this worker draws: its own, and a lost worker's or a spare's it holds
         #: (`runtime/shards.py`; `sampler_of(rank)`: another worker's sampler)
         self.held = shards.HeldShards(rank, batches, sampler_of)
+        self._own_batch = cfg.batch_of(rank)
         self.device = device
         self.recorder, self.run_dir = recorder, run_dir
         #: the leader's `eval.jsonl` and `SnapshotWriter` (`_take_lead`)
@@ -564,6 +565,9 @@ class TrainingLoop:
             rnd.draw(epoch, number, shard=None if shard == self.rank else shard)
             started, waited = timer.begin(), comm.clock.total()
             self._schedule_lr(st, started)
+            # (a lost worker's batch is its own size: it takes that many samples' time and
+            # weight, `Mode.batch_share`)
+            mode.batch_share = 1.0 if shard == self.rank else len(idx) / self._own_batch
             x, y = self.train_set.batch(idx)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             mode.optimizer.zero_grad(set_to_none=True)
@@ -571,7 +575,8 @@ class TrainingLoop:
             loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            timer.emulate()  # a slower device (runtime/heterogeneity.py); DDP did in backward
+            timer.emulate(mode.batch_share)  # a slower device (runtime/heterogeneity.py); DDP
+            # did in backward
             ended = time.perf_counter()
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
