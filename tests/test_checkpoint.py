@@ -160,7 +160,8 @@ def test_an_asynchronous_rank_whose_shard_was_drawn_on_after_its_checkpoint_goes
     checkpoint, the checkpoint stands."""
     own = {"rank": 1, "round": 6, "recorded_round": 5, "mode": {"round": 6},
            "data": {"epoch": 0, "batch": 10}, "optimizer": {"state": {}}}
-    records = [{"round": r, "t_end": float(r), "drawn": [[0, r + 5, r + 6]]} for r in (5, 8)]
+    records = [{"round": r, "t_end": float(r), "drawn": [[0, r + 5, r + 6]]}
+               for r in (5, 6, 7, 8)]
     held = [{"rank": 0, "round": 40, "drawn": [[2, 0, 9]],
              "held": [{"shard": 1, "drawn": [[0, 14, 20]], "epoch_batches": 30}]}]
     state = checkpoint.drawn_on_since(own, records, held)
@@ -169,6 +170,18 @@ def test_an_asynchronous_rank_whose_shard_was_drawn_on_after_its_checkpoint_goes
     assert state["optimizer"] == own["optimizer"] and state["restarted"]
     assert checkpoint.drawn_on_since(own, records, held[:0] + [
         {"rank": 0, "held": [{"shard": 2, "drawn": [[0, 0, 30]]}]}]) is own
+    # Rank 1 joined again and drew on from batch 24, where rank 0 had got to; rank 0's draws
+    # after its checkpoint (20 to 24) are cut by the resume. Rank 1 draws them again, and its
+    # own since (its records of rounds 9 and 10 are cut), from 20: none twice, none skipped.
+    again = records + [{"round": r, "t_end": float(r), "drawn": [[0, r + 15, r + 16]]}
+                       for r in (9, 10)]
+    state = checkpoint.drawn_on_since(own, again, held)
+    assert state["data"] == {"epoch": 0, "batch": 20} and state["records_until"] == 8.0
+    assert (state["round"], state["recorded_round"]) == (9, 8)
+    # at an epoch's end the draws go on in the next epoch
+    ended = [{"rank": 0, "held": [{"shard": 1, "drawn": [[0, 14, 30], [1, 0, 3]],
+                                   "epoch_batches": 30}]}]
+    assert checkpoint.drawn_on_since(own, records, ended)["data"] == {"epoch": 1, "batch": 3}
 
 
 def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):

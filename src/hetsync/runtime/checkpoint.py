@@ -257,20 +257,32 @@ def drawn_on_since(own: dict, records: list[dict[str, Any]] = (),
                    held: list[dict[str, Any]] = ()) -> dict:
     """An asynchronous rank's checkpoint `own` where the other workers' records the resume
     keeps (`held`) drew its shard past `own`'s data position: it was lost after `own` was
-    written, and a member drew its shard on meanwhile (`runtime/shards.py`, step 6). Then
-    its own round `records` are all kept (they end where the member's draws began, or after
-    them if it joined again), and it draws on where the two end, counting its rounds on
-    after its last record; else `own` as it is."""
+    written, and a member drew its shard on meanwhile (`runtime/shards.py`, step 6). Then it
+    draws on from where its own round `records` and those draws reach without a gap from
+    `own`'s position, keeps its records up to there and counts its rounds on after the last
+    one kept; else `own` as it is. (A gap: it joined again and drew on from where the member
+    had got to, but the member's draws after its own checkpoint are cut by the resume — they
+    are drawn again, and this rank's own since then with them.)"""
     rank, data = int(own["rank"]), own["data"]
     others = ledger.reached(held, shard=rank)
     if others is None or (others["epoch"], others["batch"]) <= (data["epoch"], data["batch"]):
         return own
-    last = max([int(r["round"]) for r in records] + [int(own["recorded_round"])])
-    return {**own, "data": ledger.reached([{**r, "rank": rank} for r in records]
-                                          + list(held), shard=rank),
+    ranges, batches = ledger.shard_ranges([{**r, "rank": rank} for r in records] + list(held),
+                                          rank)
+    reach = ledger.covered((data["epoch"], data["batch"]), ranges, batches)
+    kept = []  # (its records in order, up to the first that drew past a gap)
+    for r in records:
+        if any(ledger.position(int(e), int(end), batches) > reach
+               for e, _, end in r.get("drawn") or ()):
+            break
+        kept.append(r)
+    last = max([int(r["round"]) for r in kept] + [int(own["recorded_round"])])
+    until = math.inf if len(kept) == len(records) else max(
+        [float(r.get("t_end", 0.0)) for r in kept] + [-1.0])
+    return {**own, "data": {"epoch": reach[0], "batch": reach[1]},
             "round": last + 1, "recorded_round": last,
             "mode": {**own["mode"], "round": last + 1},
-            "restarted": True, "records_until": math.inf}
+            "restarted": True, "records_until": until}
 
 
 class Checkpointer:

@@ -78,6 +78,39 @@ def reached(records: Iterable[dict[str, Any]], shard: int | None = None
     return {"epoch": epoch, "batch": batch}
 
 
+def shard_ranges(records: Iterable[dict[str, Any]], shard: int
+                 ) -> tuple[list[list[int]], int | None]:
+    """Every range of `shard`'s draws that `records` (each naming its ``rank``) hold, its
+    own worker's and its holders', and its batches per epoch where one of them says."""
+    ranges, epoch_batches = [], None
+    for r in records:
+        for which, drawn, batches in _draws(r, int(r.get("rank", -1))):
+            if which == shard:
+                ranges += drawn
+                epoch_batches = batches or epoch_batches
+    return ranges, epoch_batches
+
+
+def position(epoch: int, batch: int, epoch_batches: int | None) -> tuple[int, int]:
+    """A data position with an epoch's end written as the next epoch's start (where
+    `epoch_batches` is known), so that positions compare across the boundary."""
+    if epoch_batches is not None and batch >= epoch_batches:
+        return epoch + 1, 0
+    return epoch, batch
+
+
+def covered(start: tuple[int, int], drawn: Iterable[list[int]],
+            epoch_batches: int | None) -> tuple[int, int]:
+    """Where a shard's draws reach without a gap from data position `start`: every
+    [epoch, first, end) range of `drawn` that begins at or before where they have reached and
+    ends past it extends them."""
+    at = position(*start, epoch_batches)
+    for epoch, first, end in sorted((int(e), int(f), int(n)) for e, f, n in drawn):
+        if position(epoch, first, epoch_batches) <= at < position(epoch, end, epoch_batches):
+            at = position(epoch, end, epoch_batches)
+    return at
+
+
 def run_ledger(workers: dict[int, list[dict[str, Any]]]) -> dict[str, Any] | None:
     """Every shard's ledger (under its worker's rank, with the workers that drew it,
     `drawn_by`) and the run's totals of batches drawn twice and skipped."""
