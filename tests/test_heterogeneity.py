@@ -55,7 +55,6 @@ def test_the_timer_adds_a_drawn_straggler_delay_to_the_step():
     assert time.perf_counter() - started >= 0.05  # a lower bound holds on a busy machine
 
 
-
 def test_a_step_on_a_smaller_batch_is_topped_up_to_its_share_of_the_devices_step(
         monkeypatch):
     """A lost worker's batch of another size (`runtime/shards.py`) takes its samples' time:
@@ -74,3 +73,11 @@ def test_a_step_on_a_smaller_batch_is_topped_up_to_its_share_of_the_devices_step
         timer.emulate(share)
     # each step's own wall time is 1 ms: topped up to 4 x 10 ms, then to a quarter of it
     assert slept == pytest.approx([0.039, 0.009, 0.039])
+    # a timer that calibrates its own work takes a quarter batch's 1 ms as 4 ms of a whole
+    slept.clear()
+    timer = StepTimer(4.0, cpu_device=False)
+    for share in (0.25, 1.0):
+        timer.begin()
+        timer.emulate(share)
+    # 4 x 4 ms x 1/4 less 1 ms; then 4 x the median of 4 and 1 ms, less 1 ms
+    assert slept == pytest.approx([0.003, 0.009])

@@ -27,9 +27,9 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=No
     steps, torch.distributed.all_reduce of the deltas, torch.optim.SGD on their mean's
     negative (`batches`: each rank's batch, the deltas weighted by the samples behind them, as
     --balanced-batches runs it; `held`: the batch of a lost worker's shard that rank 1 draws
-    at the first step of every round, as the training loop does). Returns (DiLoCo's global
-    weights, the hand's, the workers' models averaged after every step — synchronous model
-    averaging) after `rounds` rounds."""
+    at the first step of the first round, as the training loop does). Returns (DiLoCo's
+    global weights, the hand's, the workers' models averaged after every step — synchronous
+    model averaging) after `rounds` rounds."""
     group = dist.new_group(list(range(world)))
     torch.manual_seed(rank)  # different models: DiLoCo's setup must make them rank 0's
     model = SmallNet()
@@ -58,7 +58,7 @@ def _diloco_run(rank, world, inner_steps, outer_lr, momentum, rounds, batches=No
         fast_opt = torch.optim.SGD(fast.parameters(), lr=LR)
         samples = 0
         for k in range(inner_steps):
-            x, y = batch(world, held) if held and rank == 1 and k == 0 else own
+            x, y = batch(world, held) if held and rank == 1 and r == k == 0 else own
             algo.batch_share, samples = len(y) / batches[rank], samples + len(y)
             for net, o in ((model, opt), (fast, fast_opt), (twin, twin_opt)):
                 o.zero_grad()

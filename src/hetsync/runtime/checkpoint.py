@@ -258,9 +258,9 @@ def drawn_on_since(own: dict, records: list[dict[str, Any]] = (),
     """An asynchronous rank's checkpoint `own` where the other workers' records the resume
     keeps (`held`) drew its shard past `own`'s data position: it was lost after `own` was
     written, and a member drew its shard on meanwhile (`runtime/shards.py`, step 6). Then it
-    draws on from where its own round `records` and those draws reach without a gap from
-    `own`'s position, keeps its records up to there and counts its rounds on after the last
-    one kept; else `own` as it is. (A gap: it joined again and drew on from where the member
+    draws on from where its own round `records` (in the order written, their rounds rising)
+    and those draws reach without a gap from `own`'s position, keeps its records up to
+    there and counts its rounds on after the last one kept; else `own` as it is. (A gap: it joined again and drew on from where the member
     had got to, but the member's draws after its own checkpoint are cut by the resume — they
     are drawn again, and this rank's own since then with them.)"""
     rank, data = int(own["rank"]), own["data"]
@@ -277,12 +277,9 @@ def drawn_on_since(own: dict, records: list[dict[str, Any]] = (),
             break
         kept.append(r)
     last = max([int(r["round"]) for r in kept] + [int(own["recorded_round"])])
-    until = math.inf if len(kept) == len(records) else max(
-        [float(r.get("t_end", 0.0)) for r in kept] + [-1.0])
     return {**own, "data": {"epoch": reach[0], "batch": reach[1]},
-            "round": last + 1, "recorded_round": last,
-            "mode": {**own["mode"], "round": last + 1},
-            "restarted": True, "records_until": until}
+            "round": last + 1, "recorded_round": last,  # (its records are cut after it)
+            "mode": {**own["mode"], "round": last + 1}, "restarted": True}
 
 
 class Checkpointer:

@@ -130,8 +130,8 @@ class StepTimer:
         self._slept = True
         wall = time.perf_counter() - self.started
         cpu = self._cpu_clock() - self._cpu_started if self.cpu_device else None
-        if self.work is None and len(self._work) < self.CALIBRATION and share == 1:
-            self._work.append(wall if cpu is None else min(cpu, wall))
+        if self.work is None and len(self._work) < self.CALIBRATION and share > 0:
+            self._work.append((wall if cpu is None else min(cpu, wall)) / share)
             self._typical = statistics.median(self._work)
         sleep = emulated_sleep(self.factor, wall, self._typical * share)
         if self._delays is not None:

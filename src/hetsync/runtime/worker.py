@@ -477,7 +477,7 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
     """Drop the records written after this rank's checkpoint (that work is being redone; no
     checkpoint: all of them). A rank restarted in place of a lost one keeps those that ended
     before the checkpoint it restarts from (`checkpoint.for_restarted_rank`)."""
-    restarted = own is not None and own.get("restarted")
+    restarted = own is not None and "records_until" in own
     last = -1 if own is None else own["recorded_round"]
 
     def keep(record: dict) -> bool:
