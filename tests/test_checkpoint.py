@@ -501,8 +501,9 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
     deadline = time.monotonic() + 120
     regrouped = "rank 2: going on without rank(s) 1 from"
     for victim, after in ((1, None), (0, regrouped)):
-        while (not (run / "worker-1.jsonl").exists() or after is not None and after not in
-               (run / "logs" / "rank-2.log").read_text()):
+        # (rank 1 has recorded a round: past the start, where a loss ends the run)
+        while (not (run / "worker-1.jsonl").exists() or not _rounds(run, 1)
+               or after is not None and after not in (run / "logs" / "rank-2.log").read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         time.sleep(1.0)
