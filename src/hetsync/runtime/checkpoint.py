@@ -260,9 +260,10 @@ def drawn_on_since(own: dict, records: list[dict[str, Any]] = (),
     written, and a member drew its shard on meanwhile (`runtime/shards.py`, step 6). Then it
     draws on from where its own round `records` (in the order written, their rounds rising)
     and those draws reach without a gap from `own`'s position, keeps its records up to
-    there and counts its rounds on after the last one kept; else `own` as it is. (A gap: it joined again and drew on from where the member
-    had got to, but the member's draws after its own checkpoint are cut by the resume — they
-    are drawn again, and this rank's own since then with them.)"""
+    there and counts its rounds on after the last one kept; else `own` as it is. (A gap: it
+    joined again and drew on from where the member had got to, but the member's draws after
+    its own checkpoint are cut by the resume — they are drawn again, and this rank's own
+    since then with them.)"""
     rank, data = int(own["rank"]), own["data"]
     others = ledger.reached(held, shard=rank)
     if others is None or (others["epoch"], others["batch"]) <= (data["epoch"], data["batch"]):

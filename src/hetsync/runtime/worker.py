@@ -475,8 +475,10 @@ def _kept_of_others(run_dir: Path, chosen: list[int], restarted: list[int]) -> l
 
 def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
     """Drop the records written after this rank's checkpoint (that work is being redone; no
-    checkpoint: all of them). A rank restarted in place of a lost one keeps those that ended
-    before the checkpoint it restarts from (`checkpoint.for_restarted_rank`)."""
+    checkpoint: all of them; an asynchronous rank whose shard a member drew on: those after
+    the round `checkpoint.drawn_on_since` kept). A rank restarted in place of a lost one
+    keeps those that ended before the checkpoint it restarts from
+    (`checkpoint.for_restarted_rank`)."""
     restarted = own is not None and "records_until" in own
     last = -1 if own is None else own["recorded_round"]
 
