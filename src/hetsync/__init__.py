@@ -23,7 +23,7 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
         mode: any of `hetsync launch --help`'s modes but the PyTorch baselines (ddp,
             post-local-sgd): e.g. "esync", "esync-outer", "diloco", "sync", "async",
             "async-local-sgd", "fedbuff", "selsync", "eager-solo".
-        collective: "native", "ring", "butterfly", "binary-blocks" or "ps".
+        collective: "native", "ring", "butterfly", "binary-blocks", "star" or "ps".
         group: the process group of the workers (default: all ranks, less the parameter
             server's where the mode has one).
         service: (host, port) of the service the mode declares (ESync's state server);

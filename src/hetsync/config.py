@@ -28,7 +28,7 @@ from hetsync.data.datasets import DATASETS, TEXT_DATASETS
 from hetsync.data.partition import PARTITIONS
 from hetsync.options import ConfigError, check_types, invalid_option, is_a
 
-COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "ps")
+COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "star", "ps")
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
 OPTIMIZERS = ("sgd", "adamw")

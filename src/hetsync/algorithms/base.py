@@ -84,7 +84,7 @@ class Action(enum.Enum):
 class ControlPath(enum.Enum):
     """How the training loop's agreement (samples, evaluate, stop) travels for a mode."""
 
-    BLOCKING = "blocking"      # a 3-float all-reduce before the round's apply (also its barrier)
+    BLOCKING = "blocking"      # a 4-float all-reduce before the round's apply (also its barrier)
     BACKGROUND = "background"  # a job on the worker's channel, behind the mode's own
     STORE = "store"            # the process group's key-value store (no common round)
 
@@ -144,7 +144,8 @@ class CommContext:
     def barrier(self, buffer: torch.Tensor | None = None, phase: str = "wait") -> torch.Tensor:
         """Sum a few floats over the workers by recursive doubling, timed as `phase`: a barrier
         (the time a fast worker idles for a slow one) that may carry a small vector.
-        ⌈log2 P⌉ hops, where gloo's ring takes 2(P − 1)."""
+        ⌈log2 P⌉ hops, where gloo's ring takes 2(P − 1); under `--collective star`, through
+        the first worker (two messages each: the cheaper where processes share cores)."""
         flag = buffer if buffer is not None else torch.zeros(1)
         if self.workers == 1:
             return flag
@@ -152,7 +153,8 @@ class CommContext:
 
         on_wire = flag.to(self.wire_device)
         with self.clock.phase(phase):
-            all_reduce(on_wire, algorithm="butterfly", group=self.group, timeout=self.timeout)
+            all_reduce(on_wire, algorithm="star" if self.collective == "star" else "butterfly",
+                       group=self.group, timeout=self.timeout)
         return on_wire.cpu()
 
     def start_all_reduce(self, buffer: torch.Tensor, what: str):

@@ -37,7 +37,7 @@ from ..command_line import ArgumentParser
 from ..config import unwritable_dir
 
 DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
-DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks")
+DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks", "star")
 BENCH_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "ps")
 
 

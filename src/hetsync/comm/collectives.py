@@ -7,6 +7,7 @@ algorithm          steps (P ranks, n elements)                          elements
 ``ring``           reduce-scatter + all-gather around a ring, 2(P-1)    2n - c_r - c_{r+1}
 ``butterfly``      recursive doubling, log2 P whole-vector exchanges    log2(P) n
 ``binary-blocks``  Rabenseifner: recursive halving + doubling, 2 log2 P 2(P-1)/P n
+``star``           send to group rank 0, which sums and replies         n (root: (P-1) n)
 ``ps``             push to the parameter server, which sums and replies n + header
 =================  ==================================================  =====================
 
@@ -27,15 +28,17 @@ from .butterfly import butterfly_all_reduce
 from .p2p import comm_error
 from .ps import default_client
 from .ring import ring_all_reduce
+from .star import star_all_reduce
 from .timeouts import resolve_timeout
 from .topology import GroupView
 
-ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks", "ps")
+ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks", "star", "ps")
 
 _P2P_ALGORITHMS = {
     "ring": ring_all_reduce,
     "butterfly": butterfly_all_reduce,
     "binary-blocks": binary_blocks_all_reduce,
+    "star": star_all_reduce,
 }
 
 
