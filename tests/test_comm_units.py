@@ -183,7 +183,8 @@ def test_timeouts_validated_and_settable():
 
 
 def test_all_reduce_rejects_unknown_algorithm_naming_valid_ones():
-    with pytest.raises(ValueError, match=r"'rabbit'.*native, ring, butterfly, binary-blocks, star, ps"):
+    with pytest.raises(ValueError,
+                       match=r"'rabbit'.*native, ring, butterfly, binary-blocks, star, ps"):
         comm.all_reduce(torch.ones(3), "rabbit")
 
 
