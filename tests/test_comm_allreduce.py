@@ -23,6 +23,7 @@ TOL = {torch.float32: {}, torch.float64: {},
        torch.float16: {"rtol": 2e-3, "atol": 1e-2},
        torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-1}}
 SUBGROUP = (0, 1, 2, 3)
+SHIFTED = (1, 2, 3)
 
 
 def lengths(p: int) -> list[int]:
@@ -93,6 +94,7 @@ def _rank_cases(rank: int, world_size: int) -> dict:
         assert all_reduce(empty, alg) is empty
     if world_size == 5:   # subgroup 0..3 of the world; rank 4 serves the "ps" algorithm
         group = dist.new_group(list(SUBGROUP))
+        shifted = dist.new_group(list(SHIFTED))  # group rank 0 = global rank 1
         if rank == 4:
             meter.reset()
             ParameterServer(list(SUBGROUP), timeout=60).serve()
@@ -102,6 +104,10 @@ def _rank_cases(rank: int, world_size: int) -> dict:
         for alg in ALGS + ("ps",):
             for n in (1, 3000):
                 res[("sub", alg, n)] = _case(_data(rank, n, torch.float32, salt=7), alg, group)
+        for alg in ALGS:
+            if rank in SHIFTED:
+                res[("shifted", alg)] = _case(_data(rank, 3000, torch.float32, salt=9), alg,
+                                              shifted)
         meter.reset()
         disconnect()
         res["bye_bytes"] = meter.snapshot()
@@ -144,6 +150,19 @@ def test_subgroup_and_parameter_server_match_native():
                 r = res[rank][("sub", alg, n)]
                 assert r["error"] is None, (rank, alg, n, r["error"])
                 assert r["digest"] == res[0][("sub", alg, n)]["digest"]
+
+
+def test_a_group_without_global_rank_0_matches_native():
+    """Group rank 0 is global rank 1: each algorithm's roles follow the group's ranks (star's
+    root is global rank 1), the bytes too."""
+    res = results(5)
+    for group_rank, rank in enumerate(SHIFTED):
+        for alg in ALGS:
+            r = res[rank][("shifted", alg)]
+            assert r["error"] is None, (rank, alg, r["error"])
+            assert r["digest"] == res[SHIFTED[0]][("shifted", alg)]["digest"], (rank, alg)
+        assert res[rank][("shifted", "star")]["bytes"] == {"all_reduce/star": tuple(
+            4 * e for e in star_elems(3000, len(SHIFTED), group_rank))}
 
 
 # -- byte counts -----------------------------------------------------------------------------

@@ -36,7 +36,8 @@ def _killed_peer(rank: int, world_size: int, algorithm: str):
     return _attempt(lambda: all_reduce(torch.ones(1000), algorithm, timeout=TIMEOUT))
 
 
-@pytest.mark.parametrize("algorithm", ["ring"])   # the transport is shared: one suffices
+# the transport is shared; star's roles are not (the dead rank's only peer is the root)
+@pytest.mark.parametrize("algorithm", ["ring", "star"])
 def test_killed_peer_raises_comm_error_quickly(algorithm):
     *alive, dead = run_ranks(_killed_peer, 4, algorithm, allow_failures=True, timeout=60)
     assert isinstance(dead, Exception)

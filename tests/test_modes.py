@@ -79,6 +79,9 @@ def _esync_each_collective(rank, world, state_port):
         key = collective + (" overlapped" if overlap else "")
         out[key] = (torch.cat([flatten(list(model.parameters())),
                                flatten(bn_statistics(model))]), expected)
+        # the loop's barrier (the agreement's sum; under star through the first worker)
+        proposal = torch.tensor([float(rank), 1.0, float(rank == 0), 0.0])
+        out[key + " barrier"] = (algo.comm.barrier(proposal.clone()), proposal)
     channel.close()
     ps.close()
     client.close()
@@ -96,8 +99,11 @@ def test_esync_round_over_every_collective_is_the_mean_of_the_local_models():
         server.stop()
     for rank, out in enumerate(results[:3]):
         for collective, (got, expected) in out.items():
+            barrier = collective.endswith(" barrier")
+            if barrier:  # every rank's proposal, summed
+                expected = sum(results[r][collective][1] for r in range(3))
             torch.testing.assert_close(got, expected, msg=f"rank {rank}, {collective}")
-            if "overlapped" not in collective:
+            if not barrier and "overlapped" not in collective:
                 torch.testing.assert_close(got, results[0]["native"][0],
                                            msg=f"rank {rank}: {collective} differs from native")
 
