@@ -1,7 +1,8 @@
 """hetsync.comm: all-reduce algorithms, a parameter server, a byte meter and timeouts.
 
 - :func:`all_reduce` (``native``, ``ring``, ``butterfly``, ``binary-blocks``, ``star``,
-  ``ps``): in-place sum across a group, any world size and length, every wait bounded by a timeout.
+  ``ps``): in-place sum across a group, any world size and length, every wait bounded by a
+  timeout.
 - :class:`ParameterServer` / :class:`PSClient`: synchronous sums and asynchronous
   apply-and-serve over a fixed binary header (:mod:`hetsync.comm.wire`), dense or sparse.
 - :mod:`hetsync.comm.meter`: bytes sent and received per operation, counted at the transport.
