@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.comm.collectives import ALGORITHMS
 from hetsync.data.datasets import DATASETS, TEXT_DATASETS
 from hetsync.data.partition import PARTITIONS
 from hetsync.options import ConfigError, check_types, invalid_option, is_a
 
-COLLECTIVES = ("native", "ring", "butterfly", "binary-blocks", "star", "ps")
+COLLECTIVES = ALGORITHMS  # --collective: hetsync.comm.all_reduce's algorithms
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
 LR_SCHEDULES = ("constant", "cosine")
 OPTIMIZERS = ("sgd", "adamw")

@@ -26,7 +26,7 @@ def star_all_reduce(buf: torch.Tensor, view: GroupView, *, op: str, timeout: flo
     Two messages per non-root rank, whatever P, where the ring takes 2(P − 1) steps and
     recursive doubling log2 P: on a few cores shared by many processes, or for short
     vectors, each message's wake-ups cost more than its bytes (LeNet's 61,706 floats among
-    four processes on two cores: about 1.8 ms, against 5.8 ms for gloo's ring;
+    four processes on two cores: 1.5-1.8 ms, against 5.7-5.8 ms for gloo's ring;
     `docs/comm-bench.md`). The root sends and receives (P − 1) n elements, so for long
     vectors on a real network the ring's 2(P − 1)/P n per rank wins.
 
