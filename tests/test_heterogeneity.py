@@ -81,3 +81,43 @@ def test_a_step_on_a_smaller_batch_is_topped_up_to_its_share_of_the_devices_step
         timer.emulate(share)
     # 4 x 4 ms x 1/4 less 1 ms; then 4 x the median of 4 and 1 ms, less 1 ms
     assert slept == pytest.approx([0.003, 0.009])
+
+
+def test_a_sleep_that_wakes_late_is_made_up_by_the_next_ones(monkeypatch):
+    """A device sleeps to its step's time, and every sleep here wakes 2 ms late (a busy
+    core): the overrun comes off the next sleep, so that ten steps last ten steps' time
+    (plus the last one's overrun), not 2 ms more each."""
+    from types import SimpleNamespace
+
+    import hetsync.runtime.heterogeneity as heterogeneity
+
+    now, slept, late = [0.0], [], [0.002]
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds + late[0]
+
+    def perf_counter():
+        now[0] += 0.0001  # every reading 0.1 ms after the last
+        return now[0]
+
+    clock = SimpleNamespace(perf_counter=perf_counter, sleep=sleep,
+                            thread_time=time.thread_time, process_time=time.process_time)
+    monkeypatch.setattr(heterogeneity, "time", clock)
+    timer = StepTimer(4.0, cpu_device=False, work=0.010)  # a step of 40 ms
+    started = timer.begin()
+    for _ in range(10):
+        timer.emulate()
+        timer.begin()
+    # (each step 40 ms, and 0.1 ms between steps: the next step's first reading)
+    assert now[0] - started == pytest.approx(10 * 0.0401 + 0.002, abs=0.0003)
+    assert slept[:2] == pytest.approx([0.0399, 0.0378])
+    # A sleep that wakes a second late (a stalled process) is made up for one step's time
+    # at most: the device does not then run on without sleeping for 25 steps.
+    slept.clear()
+    for overrun in (1.0, 0.0, 0.0):
+        late[0] = overrun
+        timer.emulate()
+        timer.begin()
+    # (the first less the 2 ms still owed; the next made up; then a step's sleep again)
+    assert slept == pytest.approx([0.0378, 0.0, 0.0398], abs=0.0002)

@@ -68,6 +68,9 @@ def _esync_each_collective(rank, world, state_port):
         expected = torch.cat([local, stats])
         dist.all_reduce(expected, group=group)
         expected /= workers
+        # blocking, the loop's proposal rides on the round's sum (ControlPath.WITH_SUM)
+        proposal = torch.tensor([float(rank), 1.0, float(rank == 0), 0.0])
+        algo.proposal = None if overlap else proposal.clone()
         algo.perform(Action.AVERAGE_MODELS)
         if overlap:  # a step while the sum travels is kept on top of it (CoCoD-SGD)
             _step(model, opt, rank)
@@ -79,8 +82,9 @@ def _esync_each_collective(rank, world, state_port):
         key = collective + (" overlapped" if overlap else "")
         out[key] = (torch.cat([flatten(list(model.parameters())),
                                flatten(bn_statistics(model))]), expected)
+        if not overlap:
+            out[key + " with sum"] = (algo.agreed, proposal)
         # the loop's barrier (the agreement's sum; under star through the first worker)
-        proposal = torch.tensor([float(rank), 1.0, float(rank == 0), 0.0])
         out[key + " barrier"] = (algo.comm.barrier(proposal.clone()), proposal)
     channel.close()
     ps.close()
@@ -99,7 +103,7 @@ def test_esync_round_over_every_collective_is_the_mean_of_the_local_models():
         server.stop()
     for rank, out in enumerate(results[:3]):
         for collective, (got, expected) in out.items():
-            barrier = collective.endswith(" barrier")
+            barrier = collective.endswith((" barrier", " with sum"))
             if barrier:  # every rank's proposal, summed
                 expected = sum(results[r][collective][1] for r in range(3))
             torch.testing.assert_close(got, expected, msg=f"rank {rank}, {collective}")

@@ -19,10 +19,11 @@ It never opens files or prints. The training loop (and ``hetsync.wrap``) drives 
 
 The loop's own agreement (samples seen, evaluate, stop) travels apart from the model traffic,
 by the path the mode names in :attr:`Mode.control`: a small blocking all-reduce before the
-round's ``apply`` (it is also the round's barrier), a job on the worker's background channel
-(:mod:`hetsync.comm.channel`) behind the mode's own, or the key-value store (asynchronous
-modes). Every mode has ``state_dict()`` / ``load_state_dict()`` holding tensors and numbers
-only — never a process group — so that it can be checkpointed.
+round's ``apply`` (it is also the round's barrier), a few floats at the end of the mode's own
+blocking sum of the round (``Mode.sum_with_proposal``: one collective a round, not two), a job
+on the worker's background channel (:mod:`hetsync.comm.channel`) behind the mode's own, or the
+key-value store (asynchronous modes). Every mode has ``state_dict()`` / ``load_state_dict()``
+holding tensors and numbers only — never a process group — so that it can be checkpointed.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ControlPath(enum.Enum):
     """How the training loop's agreement (samples, evaluate, stop) travels for a mode."""
 
     BLOCKING = "blocking"      # a 4-float all-reduce before the round's apply (also its barrier)
+    WITH_SUM = "with-sum"      # the 4 floats at the end of the mode's blocking sum of the round
     BACKGROUND = "background"  # a job on the worker's channel, behind the mode's own
     STORE = "store"            # the process group's key-value store (no common round)
 
@@ -273,6 +275,11 @@ class Mode:
         #: this step's samples ÷ a batch of this worker's own: 1, but for a step on another's
         #: shard whose batches differ (`runtime/shards.py`; the loop sets it before `decide`)
         self.batch_share = 1.0
+        #: under `ControlPath.WITH_SUM`, the loop's proposal for the round that this step
+        #: ends (set before `perform`), and its sum over the workers once the round's sum is
+        #: in (`sum_with_proposal`)
+        self.proposal: torch.Tensor | None = None
+        self.agreed: torch.Tensor | None = None
 
     @classmethod
     def check_optimizer(cls, optimizer: torch.optim.Optimizer) -> None:
@@ -311,6 +318,21 @@ class Mode:
         self.apply(action)
         if action.ends_round:
             self.round += 1
+
+    def sum_with_proposal(self, buffer: torch.Tensor) -> torch.Tensor:
+        """All-reduce `buffer` (`CommContext.all_reduce`) with the loop's proposal, if one is
+        set, at its end: the proposal's sum goes to `agreed`, the buffer's is returned. A
+        buffer of less than float32 precision (a count of samples would round) leaves the
+        proposal to a blocking all-reduce of its own."""
+        proposal, self.proposal = self.proposal, None
+        if proposal is None:
+            return self.comm.all_reduce(buffer)
+        if buffer.dtype not in (torch.float32, torch.float64):
+            self.agreed = self.comm.barrier(proposal)
+            return self.comm.all_reduce(buffer)
+        summed = self.comm.all_reduce(torch.cat([buffer, proposal.to(buffer)]))
+        self.agreed = summed[buffer.numel():].cpu()
+        return summed[:buffer.numel()]
 
     def settle(self) -> None:
         """Complete what is in flight (a background aggregation), so that `state_dict` is

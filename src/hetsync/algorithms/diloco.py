@@ -5,19 +5,19 @@ Per round, on every worker:
 
 1. H steps of the worker's inner optimizer (the run's `--optimizer`: SGD with `--momentum`,
    `--nesterov` if given, or AdamW as the paper), its state kept across rounds;
-2. all-reduce the deltas Δ_i = w_i − w_global (with the BatchNorm statistics in the same
-   buffer); D = mean Δ_i;
+2. all-reduce the deltas Δ_i = w_i − w_global (with the BatchNorm statistics, and the
+   training loop's agreement, in the same buffer); D = mean Δ_i;
 3. the outer optimizer, SGD with Nesterov momentum (lr 0.7, μ 0.9 as published), steps
    w_global on the pseudo-gradient −D; every worker continues from w_global.
 
 H is the same for every worker, as published: on a heterogeneous cluster the faster workers
-wait at the round's all-reduce for the slowest one's H steps (timed as `wait`). That is what
-ESync's round length changes (`esync-outer` is this composition with the state server's plan
-in place of H), and what `--balanced-batches` evens out (each device's batch in proportion to
-its speed, so that H steps take each about as long). It is a composition of the local-step
-parts (`hetsync.algorithms.local_rounds`) with `round_length.FixedSteps`; hetsync departs from
-the paper in averaging the BatchNorm statistics with the deltas (the paper's transformers have
-none).
+wait at the round's all-reduce for the slowest one's H steps (inside the sum: timed as
+`comm`). That is what ESync's round length changes (`esync-outer` is this composition with
+the state server's plan in place of H), and what `--balanced-batches` evens out (each
+device's batch in proportion to its speed, so that H steps take each about as long). It is a
+composition of the local-step parts (`hetsync.algorithms.local_rounds`) with
+`round_length.FixedSteps`; hetsync departs from the paper in averaging the BatchNorm
+statistics with the deltas (the paper's transformers have none).
 
 `--overlap 1` departs from the paper as Streaming DiLoCo's overlapped communication does
 (Douillard et al., 2025, one round of delay): step 2's all-reduce runs in the background

@@ -8,8 +8,9 @@ Per round, on every worker:
 2. one all-reduce over the chosen collective of [BatchNorm statistics, SCAFFOLD's ḡ_i (with
    drift correction, `hetsync.algorithms.scaffold`), the delta Δ = w_local − w_global as the
    weighting asks (`hetsync.algorithms.outer.contribution`), τ_i, 1 if the worker took local
-   steps] — blocking, or (`overlap`) handed to the worker's background channel while the next
-   round's steps run;
+   steps] — blocking, with the training loop's four floats of agreement at its end (one
+   collective a round: `ControlPath.WITH_SUM`), or (`overlap`) handed to the worker's
+   background channel while the next round's steps run;
 3. the outer optimizer (`hetsync.algorithms.outer`, a `torch.optim.SGD` on the pseudo-gradient
    −D) steps w_global on the combined delta D; BatchNorm statistics ← their mean;
 4. w_local ← w_global + what was learnt since the send (nothing when blocking).
@@ -125,7 +126,8 @@ class LocalRounds(Mode):
 
     @property
     def control(self) -> ControlPath:
-        return ControlPath.BACKGROUND if self.overlap else ControlPath.BLOCKING
+        # blocking, the loop's agreement rides on the round's sum: one collective a round
+        return ControlPath.BACKGROUND if self.overlap else ControlPath.WITH_SUM
 
     def setup(self) -> None:
         """Every worker starts from rank 0's model; the outer optimizer holds w_global."""
@@ -188,7 +190,7 @@ class LocalRounds(Mode):
         if self.overlap:
             self._pending = self.comm.start_all_reduce(buffer, f"{self.name} round {self.round}")
         else:
-            self._apply_sum(self.comm.all_reduce(buffer), self._take_sent())
+            self._apply_sum(self.sum_with_proposal(buffer), self._take_sent())
         if self.eager:  # (the steps until the sum comes in count from where this leaves)
             self._apply_sum(summed, self._sent, own=weighted if self.local_steps else None)
             self._sent = self._held()

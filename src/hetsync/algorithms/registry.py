@@ -58,8 +58,9 @@ class ModeSpec:
         push_extra: numbers a push carries after the model's (the server refuses any other
             length), e.g. a worker's local steps and step time.
         sum_length: ``(model numel, BatchNorm statistics numel, options) -> int``: the longest
-            sum a worker sends over ``--collective ps`` (the server refuses longer ones);
-            ``None``: the model, its statistics and two counts.
+            sum a worker sends over ``--collective ps`` (the server refuses longer ones; the
+            loop's agreement, which may ride at its end, is added); ``None``: the model, its
+            statistics and two counts.
         service: a process the workers talk to besides one another
             (:class:`hetsync.services.RunService`).
         parameter_server: the run needs a parameter-server rank whatever ``--collective`` says.
@@ -132,10 +133,13 @@ class ModeSpec:
         return self.resolve(options) if self.resolve is not None else self.name
 
     def longest_sum(self, model_numel: int, stats_numel: int, options) -> int:
-        """The longest sum this mode's workers send to a parameter server."""
+        """The longest sum this mode's workers send to a parameter server: the mode's own,
+        then the loop's agreement, which may ride at its end (`Mode.sum_with_proposal`)."""
+        from hetsync.runtime.control import Proposal
+
         if self.sum_length is not None:
-            return self.sum_length(model_numel, stats_numel, options)
-        return model_numel + stats_numel + 2
+            return self.sum_length(model_numel, stats_numel, options) + Proposal.LENGTH
+        return model_numel + stats_numel + 2 + Proposal.LENGTH
 
     def needs_parameter_server(self, collective: str) -> bool:
         return self.parameter_server or (self.collective and collective == "ps")

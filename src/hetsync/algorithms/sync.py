@@ -3,14 +3,14 @@
 Per step, on every worker:
 
 1. forward and backward on the local batch;
-2. (the training loop's agreement, a blocking all-reduce of four floats: the barrier at which
-   a fast worker waits for the slowest, timed as `wait`);
-3. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
-   contributors) over the chosen collective and divide by the number of workers (under
+2. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
+   contributors, then the training loop's four floats of agreement: `ControlPath.WITH_SUM`,
+   one collective a step; a fast worker's wait for the slowest is inside it, timed as
+   `comm`) over the chosen collective and divide by the number of workers (under
    `hetsync.wrap`, a worker whose data ran out contributes nothing and is not counted);
    with `--balanced-batches` (LB-BSP: Chen et al., "Semi-dynamic load balancing", SoCC 2020)
    each gradient is weighted by its batch first, so the mean is over samples;
-4. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
+3. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
 
 As ESync's `sync` trainer does, BatchNorm running statistics are averaged every step, so the
 workers' models stay identical.
@@ -18,14 +18,15 @@ workers' models stay identical.
 
 from __future__ import annotations
 
-from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, gradients, mean_of,
-                                     pack, set_gradients, with_count)
+from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics,
+                                     gradients, mean_of, pack, set_gradients, with_count)
 from hetsync.algorithms.registry import ModeSpec, register
 
 
 class SynchronousSGD(Mode):
     name = "sync"
     counts_contributors = True
+    control = ControlPath.WITH_SUM
 
     def setup(self) -> None:
         self.broadcast_model()
@@ -40,7 +41,7 @@ class SynchronousSGD(Mode):
             # worker contributes: the weights are P's, and hetsync.wrap, which may leave one
             # out, does not set them)
             grads = [g * self.comm.sample_weight for g in grads]
-        mean, self.contributors = mean_of(self.comm.all_reduce(
+        mean, self.contributors = mean_of(self.sum_with_proposal(
             with_count(pack(grads + stats), not self.joined)))
         if self.contributors:  # (none: every worker has joined, nothing to apply)
             set_gradients(mean, params, stats)

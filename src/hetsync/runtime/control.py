@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -25,6 +26,8 @@ class Proposal:
     evaluate: bool    # the leader (rank 0) wants to evaluate after this round
     stop: bool        # the leader (rank 0) wants to stop after this round
     admit: bool = False  # the leader offered lost ranks a place (`runtime/membership.py`)
+
+    LENGTH: ClassVar[int] = 4  # floats of `as_tensor()`
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop),

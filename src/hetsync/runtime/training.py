@@ -8,9 +8,10 @@ driver, which `hetsync.wrap` shares):
 3. `decide`: `mode.poll()`, then `mode.decide(step)`: what the step does, decided without I/O;
 4. at the end of a round, the leader's proposal (samples, evaluate, stop, admit) goes out by the
    mode's control path: a blocking four-float all-reduce before the round's communication (it is
-   that round's barrier), a job on the background channel after it (acted on when it comes
-   in, and before the next round starts, so every worker stops after the same round), or the
-   key-value store (asynchronous modes);
+   that round's barrier), four floats at the end of the mode's own blocking sum of the round
+   (one collective a round), a job on the background channel after it (acted on when it
+   comes in, and before the next round starts, so every worker stops after the same round),
+   or the key-value store (asynchronous modes);
 5. `perform`: the local update and the mode's communication (`Mode.perform`), then the round
    counted if the action ended one;
 6. at the end of a round, record it (compute / wait / comm / bytes) and act on the agreement:
@@ -223,7 +224,8 @@ class TrainingLoop:
     @property
     def pauses_everyone(self) -> bool:
         """Whether an evaluation pauses every worker (a collective mode, or one worker)."""
-        return self.path in (None, ControlPath.BLOCKING, ControlPath.BACKGROUND)
+        return self.path in (None, ControlPath.BLOCKING, ControlPath.WITH_SUM,
+                             ControlPath.BACKGROUND)
 
     # ------------------------------------------------------------------ the leader's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
@@ -350,6 +352,8 @@ class TrainingLoop:
         if self.path is ControlPath.BLOCKING:
             proposal = self._propose(st, rnd.samples, time.perf_counter())
             return False, self.control.agree(self.mode.comm.barrier(proposal.as_tensor()))
+        if self.path is ControlPath.WITH_SUM:  # (summed with the round's own, `_after_apply`)
+            self.mode.proposal = self._propose(st, rnd.samples, time.perf_counter()).as_tensor()
         return False, None
 
     def _after_apply(self, st: LoopState, rnd: RoundAccount,
@@ -358,6 +362,12 @@ class TrainingLoop:
         agreement was made before; the background one is acted on when it comes in)."""
         if self.path is ControlPath.BLOCKING:
             return agreement
+        if self.path is ControlPath.WITH_SUM:
+            summed, self.mode.agreed = self.mode.agreed, None
+            if summed is None:
+                raise RuntimeError(f"{self.mode.name}: a round ended without its sum carrying "
+                                   f"the loop's proposal (ControlPath.WITH_SUM)")
+            return self.control.agree(summed)
         if self.path is ControlPath.STORE:
             self._follow_lead()
         proposal = self._propose(st, rnd.samples, time.perf_counter())
