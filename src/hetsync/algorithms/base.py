@@ -17,12 +17,12 @@ It never opens files or prints. The training loop (and ``hetsync.wrap``) drives 
    mode's);
 6. at the end of training ``mode.finish()``; evaluation runs inside ``mode.global_model()``.
 
-The loop's own agreement (samples seen, evaluate, stop) travels apart from the model traffic,
-by the path the mode names in :attr:`Mode.control`: a small blocking all-reduce before the
-round's ``apply`` (it is also the round's barrier), a few floats at the end of the mode's own
-blocking sum of the round (``Mode.sum_with_proposal``: one collective a round, not two), a job
-on the worker's background channel (:mod:`hetsync.comm.channel`) behind the mode's own, or the
-key-value store (asynchronous modes). Every mode has ``state_dict()`` / ``load_state_dict()``
+The loop's own agreement (samples seen, evaluate, stop) travels by the path the mode names in
+:attr:`Mode.control`: a small blocking all-reduce before the round's ``apply`` (it is also the
+round's barrier), a few floats at the end of the mode's own blocking sum of the round
+(``Mode.sum_with_proposal``: one collective a round, not two), a job on the worker's
+background channel (:mod:`hetsync.comm.channel`) behind the mode's own, or the key-value
+store (asynchronous modes). Every mode has ``state_dict()`` / ``load_state_dict()``
 holding tensors and numbers only — never a process group — so that it can be checkpointed.
 """
 

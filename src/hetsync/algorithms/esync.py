@@ -13,8 +13,9 @@ Per round, on every worker:
    in the same buffer, over the chosen collective;
 4. w_global ← w_global + global_lr · mean(Δ) everywhere; BatchNorm statistics ← their mean.
 
-ESync as published (`overlap=False`) waits for every worker at a barrier (the training loop's
-blocking agreement, timed as `wait`) before step 3 and continues from w_global. hetsync's
+ESync as published (`overlap=False`) waits for every worker at step 3's all-reduce (which also
+carries the training loop's agreement: `ControlPath.WITH_SUM`; the wait is timed inside it, as
+`comm`) and continues from w_global. hetsync's
 default (`overlap=True`) never idles a worker that has finished its steps: it hands step 3 to
 the worker's background channel (`hetsync.comm.channel`) and goes on with the next round's
 steps at once; when the sum is in (checked after every step) it applies step 4

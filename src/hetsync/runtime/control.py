@@ -2,10 +2,11 @@
 to evaluate now, whether to stop, whether to let lost workers join.
 
 Rank 0 proposes (it knows the time budget, the epoch budget and the last test accuracy); the
-others follow. The proposal travels apart from the model traffic, by the mode's control path
+others follow. The proposal travels by the mode's control path
 (`hetsync.algorithms.base.ControlPath`): in collective modes every worker's four numbers are
-summed by an all-reduce of their own (blocking, or on the background channel), and every
-worker reads the same agreement off the sum (`CollectiveControl`). In asynchronous modes there
+summed — by an all-reduce of their own (blocking, or on the background channel), or at the
+end of the mode's own blocking sum of the round — and every worker reads the same agreement
+off the sum (`CollectiveControl`). In asynchronous modes there
 is no common round, so they go through the process group's key-value store (`StoreControl`):
 one atomic add per round for the sample count, one read of the stop key.
 """

@@ -16,9 +16,10 @@ still varies with its neighbours' cache traffic), and the sleep tops the step up
     work  = median of min(cpu, wall) over the first CALIBRATION steps   (CPU; wall on a GPU)
     sleep = max(0, F · work − wall) − what earlier sleeps overran (at most F · work)
 
-A sleep wakes late where cores are shared (four emulated devices on two cores ran at 93-96 %
-of their nominal speed, where the step's own work had left time to spare); a real device
-computes on, so the overrun is taken off the next sleeps and the device keeps its speed.
+A sleep wakes late where cores are shared (the three slower of four emulated devices on two
+cores ran at 93-95 % of their nominal speed, where the step's own work had left time to
+spare); a real device computes on, so the overrun is taken off the next sleeps and the device
+keeps its speed.
 
 The work is then held: an emulated device runs at one speed, as a real one does, instead of
 following its neighbours' load (which drifts by ±8 % over seconds here, and independently on

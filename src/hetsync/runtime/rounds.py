@@ -5,8 +5,8 @@ A step, after the caller's forward and backward (`RoundAccount.add_step`):
 
 1. `decide`: the mode takes in what arrived in the background (`Mode.poll`), then decides
    what the step does (`Mode.decide`, no I/O);
-2. (the training loop: at a round's end, the agreement that travels before the mode's
-   communication);
+2. (the training loop: at a round's end, its agreement — sent before the mode's communication,
+   or handed to the mode to ride on its sum: `ControlPath`);
 3. `perform`: the local update and the mode's communication, the round counted if the
    action ended one (`Mode.perform`); the part not spent waiting or communicating is the
    round's compute;

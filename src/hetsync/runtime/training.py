@@ -346,7 +346,8 @@ class TrainingLoop:
     def _before_apply(self, st: LoopState, rnd: RoundAccount) -> tuple[bool, Agreement | None]:
         """At a round's end, before the mode communicates: the previous round's background
         agreement must be in (stop: every worker stops after the same round); a blocking
-        agreement is made now. Returns (stop now, this round's agreement)."""
+        agreement is made now; one that rides on the round's sum is handed to the mode.
+        Returns (stop now, this round's agreement)."""
         if self.path is ControlPath.BACKGROUND and self._background_agreement(st, wait=True):
             return True, None
         if self.path is ControlPath.BLOCKING:
@@ -358,8 +359,9 @@ class TrainingLoop:
 
     def _after_apply(self, st: LoopState, rnd: RoundAccount,
                      agreement: Agreement | None) -> Agreement | None:
-        """After the round's communication: the proposal that travels after it (the blocking
-        agreement was made before; the background one is acted on when it comes in)."""
+        """After the round's communication: the agreement that came with the round's sum, or
+        the proposal that travels after it (the blocking agreement was made before; the
+        background one is acted on when it comes in)."""
         if self.path is ControlPath.BLOCKING:
             return agreement
         if self.path is ControlPath.WITH_SUM:
