@@ -52,6 +52,10 @@ def test_linear_scaling_and_sweep_choice():
     assert linear_scaling("sync", 0.05, 1.875).lr == pytest.approx(0.09375)  # balanced
     for mode in ("esync", "post-local-sgd", "async", "dcasgd", "local"):
         assert linear_scaling(mode, 0.05, 4).lr == 0.05
+    # the table names the global rate the runs used: the default, or --global-lr's
+    assert linear_scaling("diloco", 0.1, 4).how == "base, inner rate, outer 0.7"
+    assert linear_scaling("diloco", 0.1, 4, global_lr=1.0).how == "base, inner rate, outer 1"
+    assert linear_scaling("esync", 0.1, 4, global_lr=0.5).how == "base, local rate, global 0.5"
     assert best_of_sweep({0.05: 0.7, 0.1: 0.8, 0.2: None}).lr == 0.1
     assert best_of_sweep({0.05: 0.8, 0.1: 0.8}).lr == 0.05  # a tie: the smaller rate
     # a best at the sweep's edge is a bound: the table says so (a failed rate brackets it)

@@ -25,6 +25,7 @@ rate depends on the horizon: a trial as long as the runs chooses for their final
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -39,10 +40,11 @@ class LrChoice:
         return f"{self.lr:g} ({self.how})"
 
 
-def linear_scaling(mode: str, base_lr: float, workers: float,
-                   optimizer: str = "sgd") -> LrChoice:
+def linear_scaling(mode: str, base_lr: float, workers: float, optimizer: str = "sgd",
+                   global_lr: float | None = None) -> LrChoice:
     """The default rule (see the module docstring); `workers`: batches of -b per step (P, or
-    Σ b_i / b with --balanced-batches)."""
+    Σ b_i / b with --balanced-batches); `global_lr`: the mode's global (outer, server) rate
+    where `--global-lr` gives it, named in place of the default that the mode's note names."""
     from hetsync.algorithms import registry
 
     if not base_lr > 0:
@@ -53,7 +55,10 @@ def linear_scaling(mode: str, base_lr: float, workers: float,
             return LrChoice(base_lr * workers ** 0.5,
                             f"{base_lr:g} x sqrt({workers:.4g} workers' batches)")
         return LrChoice(base_lr * workers, f"{base_lr:g} x {workers:.4g} workers' batches")
-    return LrChoice(base_lr, "base" if spec.lr_note == "base" else f"base, {spec.lr_note}")
+    note = spec.lr_note
+    if global_lr is not None:
+        note = re.sub(r"\b(outer|global|server) [0-9.]+", rf"\g<1> {global_lr:g}", note)
+    return LrChoice(base_lr, "base" if note == "base" else f"base, {note}")
 
 
 def best_of_sweep(accuracies: Mapping[float, float | None],

@@ -432,7 +432,9 @@ def bench(args, argv: list[str], stream=None) -> int:
         choices = run_sweep(args, base, rows, root, train_size, stream)
     else:
         choices = {e.label: e.rate(linear_scaling(e.mode, base.lr, base.batches_per_step(),
-                                                  e.changes.get("optimizer", base.optimizer)))
+                                                  e.changes.get("optimizer", base.optimizer),
+                                                  mode_options(args, registry.get(e.mode))
+                                                  .get("global_lr")))
                    for e in rows}
     results = []
     seeds = [base.seed + i for i in range(args.repeats)]
