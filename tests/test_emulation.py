@@ -81,6 +81,21 @@ def test_nominal_speed_is_samples_per_emulated_step():
     assert em.nominal_speed(64, 2.5, None) is None
 
 
+def test_a_given_reference_step_is_per_batch_and_says_the_speeds_it_gives():
+    # --step-work is the time of one step on -b samples: the same 6 ms at -b 96 is a device
+    # 1.5x faster than at -b 64, and the line says so rather than leaving it to the reader
+    speeds = {}
+    for batch in (64, 96):
+        cfg = Config(workers=2, slowdowns=(1.0, 2.0), batch_size=batch, step_work=0.006)
+        same, line = em.with_reference_step(cfg, split=None)  # given: nothing is measured
+        assert same.step_work == 0.006
+        assert line.startswith(f"reference step: 6.00 ms of lenet at batch {batch}, given")
+        speeds[batch] = line.split("nominal speeds ")[1]
+    assert speeds == {64: "10,667 / 5,333 samples per second of computing",
+                      96: "16,000 / 8,000 samples per second of computing"}
+    assert em.with_reference_step(Config(), split=None) == (Config(), None)  # no emulation
+
+
 def _launch(*argv):
     return launch_config(build_parser().parse_args(["launch", *argv]))
 

@@ -150,9 +150,9 @@ class Config:
         "help": "every device's slowdown is multiplied by this (launch and bench choose it so "
                 "that the emulated devices fit the cores; see --cores)"})
     step_work: float | None = field(default=None, metadata={"flags": ("--step-work",),
-        "help": "the reference device's work per step, in seconds (launch and bench measure "
-                "it before the workers start; none: each worker takes the median of its "
-                "first steps)"})
+        "help": "the reference device's work per step on -b samples, in seconds (at another "
+                "-b, the same value is another speed; launch and bench measure it before the "
+                "workers start; none: each worker takes the median of its first steps)"})
     cores: int | None = field(default=None, metadata={"flags": ("--cores",),
         "help": "launch, bench: the cores the run may use; emulated devices must fit in them "
                 "less one (default: the CPUs this process may run on)"})

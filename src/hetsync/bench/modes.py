@@ -582,7 +582,8 @@ def _setup(args, base: Config) -> dict:
                      "runs, range in parentheses; figures from the first seed)"),
             "threads per worker": base.threads,
             "speed scale": f"{base.speed_scale:.4g} (every slowdown x this; {scale_how})",
-            "reference step": (f"{1000 * base.step_work:.2f} ms ({step_how})"
+            "reference step": (f"{1000 * base.step_work:.2f} ms per batch of "
+                               f"{base.batch_size} ({step_how})"
                                if base.step_work else "each device's own"),
             "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
                                   if base.straggle_prob else "none"),

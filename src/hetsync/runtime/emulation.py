@@ -8,7 +8,8 @@ in that time. `launch` and `bench` plan the devices before any worker starts:
    backward) of the run's model and batch, measured here, alone and warm, on `--threads`
    threads (`measure_step_work`). Every device's step is a multiple of it, so every run of a
    bench sees the same absolute speeds, and a device that sleeps between steps (whose own
-   work runs slower, on a cold cache and a lower clock) still keeps its speed;
+   work runs slower, on a cold cache and a lower clock) still keeps its speed. `--step-work`
+   gives it instead (the time of a step on -b samples), for benches compared across runs;
 2. **the demand**, Σ threads/Fᵢ cores: a device of slowdown F computes 1/F of its time
    (`demand`);
 3. **the budget**: `HEADROOM` of the cores the run may use (`--cores`, by default this
@@ -217,19 +218,21 @@ def nominal_speed_of(cfg: Config, rank: int) -> float | None:
 
 def with_reference_step(cfg: Config, split) -> tuple[Config, str | None]:
     """`cfg` with the reference step measured here (`measure_step_work`) where its devices are
-    emulated and no `--step-work` was given, and a line saying what it was and the devices'
-    nominal speeds (None: nothing measured)."""
+    emulated and no `--step-work` was given, and a line saying what it was, measured or given,
+    and the devices' nominal speeds (None: no emulated devices)."""
     import dataclasses
 
-    if not cfg.slowdowns or cfg.step_work is not None:
+    if not cfg.slowdowns:
         return cfg, None
-    work = measure_step_work(cfg, split)
-    cfg = dataclasses.replace(cfg, step_work=work)
-    speeds = " / ".join(f"{nominal_speed(cfg.batch_size, cfg.slowdown_of(r), work):,.0f}"
-                        for r in range(cfg.workers))
-    return cfg, (f"reference step: {1000 * work:.2f} ms of {cfg.network} at batch "
-                 f"{cfg.batch_size} on {cfg.threads} thread(s), measured here; nominal speeds "
-                 f"{speeds} samples per second of computing")
+    how = "given (--step-work)"
+    if cfg.step_work is None:
+        cfg = dataclasses.replace(cfg, step_work=measure_step_work(cfg, split))
+        how = f"on {cfg.threads} thread(s), measured here"
+    # a given step is per -b samples: the same value at another -b is another speed
+    speeds = " / ".join(f"{nominal_speed_of(cfg, r):,.0f}" for r in range(cfg.workers))
+    return cfg, (f"reference step: {1000 * cfg.step_work:.2f} ms of {cfg.network} at batch "
+                 f"{cfg.batch_size}, {how}; nominal speeds {speeds} samples per second of "
+                 "computing")
 
 
 def measure_step_work(cfg: Config, split, steps: int = 40, warmup: int = 5,
