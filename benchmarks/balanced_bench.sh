@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fitted 1, 2, 4, 8 cluster's best recipe beside its fastest device at its best and the
-# default, each at its best horizon, one reference step for all (given, 6 ms: every device's
-# nominal speed the same in the three benches, whatever the machine's drift between them):
+# default, each at its best horizon, one reference step for all (given, 6 ms per batch of 64:
+# every device's nominal speed the same in the three benches, whatever the machine's drift):
 # balanced DiLoCo (batches 64, 32, 16, 8; H 8, blocking, rate 0.1; every worker drawing from
 # the whole set) for 45 s; the fastest device alone, lookahead at 0.05, for 60 s; esync-outer
 # at 0.1 for 60 s. Seeds 0-2, evaluated every 2 s. About 13 minutes on a 2-core machine; keep

@@ -93,6 +93,11 @@ def test_a_given_reference_step_is_per_batch_and_says_the_speeds_it_gives():
         speeds[batch] = line.split("nominal speeds ")[1]
     assert speeds == {64: "10,667 / 5,333 samples per second of computing",
                       96: "16,000 / 8,000 samples per second of computing"}
+    # balanced batches: the slower device's batch of 32 takes half the reference's work
+    balanced = Config(workers=2, slowdowns=(1.0, 2.0), batch_size=64, step_work=0.006,
+                      balanced_batches=True)
+    _, line = em.with_reference_step(balanced, split=None)
+    assert line.endswith("nominal speeds 10,667 / 5,333 samples per second of computing")
     assert em.with_reference_step(Config(), split=None) == (Config(), None)  # no emulation
 
 

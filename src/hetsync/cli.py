@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 import hetsync
 from hetsync.command_line import (ArgumentParser, add_config_arguments, check_option_flags,
@@ -56,9 +57,11 @@ def cmd_launch(args) -> int:
     split = preflight(cfg)
     if fitted is not None:
         print(fitted.describe(), flush=True)
-    cfg, measured = with_reference_step(cfg, split)
-    if measured is not None:
-        print(measured, flush=True)
+    cfg, step = with_reference_step(cfg, split, given=(
+        f"the resumed run's ({Path(args.resume) / 'config.json'})" if args.resume
+        else "given (--step-work)"))
+    if step is not None:
+        print(step, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
            resume=args.resume, live=not args.no_live, max_restarts=args.max_restarts,
            rejoin=not args.no_rejoin)
@@ -94,7 +97,6 @@ def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
 
 def _resumed_config(run_dir: str) -> Config:
     """The config a run directory was started with (`--resume`); flags given override it."""
-    from pathlib import Path
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():
@@ -191,7 +193,6 @@ def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
     """Under `torchrun --max-restarts`, a restarted worker group resumes its run directory
     (`--run-dir`, or `-ld`/`--run-name`) from the last checkpoint if any worker has one (the
     workers decide together: `worker.IF_ANY`); sets args.run_dir."""
-    from pathlib import Path
 
     from hetsync.runtime.worker import IF_ANY
 
@@ -306,7 +307,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from pathlib import Path
 
     from hetsync.runtime.evaluation import follow, lower_priority
 

@@ -216,15 +216,16 @@ def nominal_speed_of(cfg: Config, rank: int) -> float | None:
     return nominal_speed(cfg.batch_of(rank), cfg.slowdown_of(rank), cfg.step_work_of(rank))
 
 
-def with_reference_step(cfg: Config, split) -> tuple[Config, str | None]:
+def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
+                        ) -> tuple[Config, str | None]:
     """`cfg` with the reference step measured here (`measure_step_work`) where its devices are
-    emulated and no `--step-work` was given, and a line saying what it was, measured or given,
-    and the devices' nominal speeds (None: no emulated devices)."""
+    emulated and no `--step-work` was given, and a line saying what it was, measured or
+    `given`, and the devices' nominal speeds (None: no `--slowdowns`)."""
     import dataclasses
 
     if not cfg.slowdowns:
         return cfg, None
-    how = "given (--step-work)"
+    how = given
     if cfg.step_work is None:
         cfg = dataclasses.replace(cfg, step_work=measure_step_work(cfg, split))
         how = f"on {cfg.threads} thread(s), measured here"
