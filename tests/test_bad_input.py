@@ -396,6 +396,12 @@ CASES = [
     (C + ["--algorithms", ","], "argument --algorithms: expected at least one of"),
     (C + ["--repeats", "0"], "repeats must be >= 1, got 0"),
     (C + ["--warmup", "-1"], "warmup must be >= 0, got -1"),
+    (C + ["--step-ms", "-5"], "step must be in 0..10 s (--step-ms 0..10000), got -0.005 s"),
+    (C + ["--step-ms", "nan"], "step must be in 0..10 s"),
+    (C + ["--work-ms", "fast"], "argument --work-ms: expected comma-separated numbers, got 'fast'"),
+    (C + ["--work-ms", "inf"], "argument --work-ms: expected comma-separated numbers, got 'inf'"),
+    (C + ["--work-ms", "1"], "work needs a step to compute in: give --step-ms too"),
+    (C + ["--step-ms", "5", "--work-ms", "6"], "work must be in 0..step (5 ms) each, got 6 ms"),
     (C + ["--json", "{data}"], "argument --json: invalid value '{data}'"),
     (C + ["--json", "/dev/null/rows.json"], "argument --json: invalid value '/dev/null/rows.json'"),
     # ---- the command itself

@@ -23,6 +23,10 @@ def test_bus_bandwidth_is_the_nccl_tests_convention():
     ({"algorithms": ("ps",)}, "'ps'"),
     ({"algorithms": ("nope",)}, "'nope'"),
     ({"repeats": 0}, "repeats"),
+    ({"step": -0.001}, "step must be in 0..10 s"),
+    ({"work": (0.001,)}, "work needs a step"),
+    ({"step": 0.002, "work": (0.003,)}, r"work must be in 0..step \(2 ms\)"),
+    ({"world_sizes": (2, 4), "step": 0.01, "work": (0.001, 0.002)}, "one value or one per rank"),
 ])
 def test_bad_arguments_are_named(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -45,3 +49,12 @@ def test_main_runs_prints_a_table_and_writes_json(tmp_path, capsys):
         assert r["busbw_GBps"] == pytest.approx(
             bench.bus_bandwidth(r["bytes"], r["latency_s"], 2) / 1e9)
         assert r["busbw_ratio"] == pytest.approx(r["busbw_GBps"] / r["native_busbw_GBps"])
+
+
+def test_sums_after_emulated_steps_are_timed_and_checked():
+    """`--step-ms`: each sum after every rank's step (its CPU work, then a sleep to the step's
+    end) instead of a barrier; the result is still checked against gloo's all-reduce."""
+    rows = bench.run_comm_bench(world_sizes=(2,), sizes=(1000,), algorithms=("star",),
+                                repeats=3, warmup=1, step=0.004, work=(0.002, 0.0005))
+    assert [(r["algorithm"], r["step_s"]) for r in rows] == [("star", 0.004)]
+    assert rows[0]["verified"] and 0 < rows[0]["min_s"] <= rows[0]["latency_s"]

@@ -4,7 +4,15 @@ Spawns P gloo processes on loopback per world size; for each vector length (floa
 runs every algorithm ``warmup`` times, then ``repeats`` timed times, interleaved so that
 load drifts hit all alike. A sample is the slowest rank's time for one call (the ranks
 start together after a barrier; the max is taken with an all-reduce outside the timed
-region); the latency is the median sample. Bus bandwidth follows the nccl-tests convention::
+region); the latency is the median sample.
+
+With ``step`` (``--step-ms``) each call comes after an emulated device's step instead of the
+barrier, as a blocking sum does in training: every rank computes its ``work`` (``--work-ms``,
+seconds of its own CPU time), sleeps to the step's end, then sums; the sample is the slowest
+rank's time from its step's end to the sum's return. Where processes share cores, a sum that
+wakes them all from their sleeps costs more than one called back to back.
+
+Bus bandwidth follows the nccl-tests convention::
 
     algbw = bytes / latency          busbw = algbw * 2 (P - 1) / P
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -65,8 +74,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _compute(seconds: float) -> None:
+    """`seconds` of this thread's CPU time in small matrix products (a device's step)."""
+    import torch
+
+    a, start = torch.randn(64, 64), time.thread_time()
+    while time.thread_time() - start < seconds:
+        a = torch.tanh(a @ a)
+
+
 def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
-               algorithms: Sequence[str], repeats: int | None, warmup: int, results) -> None:
+               algorithms: Sequence[str], repeats: int | None, warmup: int, results,
+               step: float = 0.0, work: Sequence[float] = ()) -> None:
     import torch
     import torch.distributed as dist
 
@@ -92,7 +111,12 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
             for i in range(warmup + reps):
                 for alg in algorithms:
                     buf.copy_(src)
-                    dist.barrier()
+                    if step:  # (the previous sample's max has lined the ranks up)
+                        started = time.perf_counter()
+                        _compute(work[rank % len(work)])
+                        time.sleep(max(0.0, started + step - time.perf_counter()))
+                    else:
+                        dist.barrier()
                     t0 = time.perf_counter()
                     all_reduce(buf, alg)
                     elapsed[0] = time.perf_counter() - t0
@@ -108,7 +132,7 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
                              "dtype": "float32", "algorithm": alg, "repeats": reps,
                              "latency_s": statistics.median(samples[alg]),
                              "min_s": min(samples[alg]), "max_s": max(samples[alg]),
-                             "verified": verified[alg]})
+                             "verified": verified[alg], "step_s": step})
         results.put((rank, True, rows if rank == 0 else None))
     except BaseException as exc:  # report, never hang the parent
         import traceback
@@ -118,13 +142,15 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
             dist.destroy_process_group()
 
 
-def _run_world(world_size: int, sizes, algorithms, repeats, warmup, timeout: float) -> list:
+def _run_world(world_size: int, sizes, algorithms, repeats, warmup, timeout: float,
+               step: float = 0.0, work: Sequence[float] = ()) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank_main, daemon=True,
                          args=(r, world_size, port, tuple(sizes), tuple(algorithms), repeats,
-                               warmup, results)) for r in range(world_size)]
+                               warmup, results, step, tuple(work)))
+             for r in range(world_size)]
     for p in procs:
         p.start()
     rows, done = None, set()
@@ -159,13 +185,16 @@ def _run_world(world_size: int, sizes, algorithms, repeats, warmup, timeout: flo
 def run_comm_bench(world_sizes: Sequence[int] = (2, 4), sizes: Sequence[int] = DEFAULT_SIZES,
                    algorithms: Sequence[str] = DEFAULT_ALGORITHMS,
                    repeats: int | None = None, warmup: int = 2,
-                   timeout: float = 3600.0) -> list[dict]:
+                   timeout: float = 3600.0, step: float = 0.0,
+                   work: Sequence[float] = ()) -> list[dict]:
     """Time each all-reduce algorithm on float32 vectors; return one row per (P, n, algorithm).
 
     ``native`` is always measured (added if missing) as the reference. Each row has
     ``world_size, numel, bytes, dtype, algorithm, repeats, latency_s`` (median), ``min_s,
-    max_s, verified`` (the first result matched native's on every rank), ``busbw_GBps,
-    native_latency_s, native_busbw_GBps, busbw_ratio``.
+    max_s, verified`` (the first result matched native's on every rank), ``step_s``,
+    ``busbw_GBps, native_latency_s, native_busbw_GBps, busbw_ratio``. ``step`` > 0: each sum
+    after an emulated step of that many seconds, in which rank r computes ``work[r]`` seconds
+    (one value: every rank; the module docstring).
     """
     for p in world_sizes:
         if isinstance(p, bool) or not isinstance(p, int) or p < 2:
@@ -181,10 +210,22 @@ def run_comm_bench(world_sizes: Sequence[int] = (2, 4), sizes: Sequence[int] = D
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if not 0 <= step <= 10:
+        raise ValueError(f"step must be in 0..10 s (--step-ms 0..10000), got {step!r} s")
+    if work and not step:
+        raise ValueError("work needs a step to compute in: give --step-ms too")
+    if step and not work:
+        work = (0.0,)
+    if step and not all(0 <= w <= step for w in work):
+        raise ValueError(f"work must be in 0..step ({step * 1e3:g} ms) each, got "
+                         f"{', '.join(f'{w * 1e3:g}' for w in work)} ms")
+    if len(work) > 1 and any(p != len(work) for p in world_sizes):
+        raise ValueError(f"work: expected one value or one per rank (world sizes "
+                         f"{', '.join(map(str, world_sizes))}), got {len(work)}")
     algs = ("native",) + tuple(a for a in dict.fromkeys(algorithms) if a != "native")
     out = []
     for p in world_sizes:
-        rows = _run_world(p, sizes, algs, repeats, warmup, timeout)
+        rows = _run_world(p, sizes, algs, repeats, warmup, timeout, step, work)
         native = {r["numel"]: r["latency_s"] for r in rows if r["algorithm"] == "native"}
         for r in rows:
             if r["algorithm"] not in algorithms:   # native measured only as the reference
@@ -219,6 +260,16 @@ def _int_list(text: str) -> list[int]:
                                          f"{text!r}") from None
 
 
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
 def _check_fits(world_sizes: Sequence[int], sizes: Sequence[int]) -> None:
     """ValueError when the bench cannot run on this machine: more ranks than it can hold
     (at most 64, or 2 per CPU on bigger ones: every rank is a process here), or vectors too
@@ -250,6 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions per point (default: 50 down to 5 by size)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="each sum after an emulated device's step this long: compute "
+                             "--work-ms, sleep to its end (default 0: after a barrier)")
+    parser.add_argument("--work-ms", type=_float_list, default=[],
+                        help="with --step-ms: each rank's CPU time in the step, one value or "
+                             "one per rank (default 0)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -265,9 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_fits(args.world_sizes, args.sizes)
         rows = run_comm_bench(args.world_sizes, args.sizes, algorithms, args.repeats,
-                              args.warmup)
+                              args.warmup, step=args.step_ms / 1e3,
+                              work=[w / 1e3 for w in args.work_ms])
     except ValueError as err:
         parser.error(str(err))
+    if args.step_ms:
+        print(f"each sum after an emulated step of {args.step_ms:g} ms (CPU work "
+              f"{', '.join(f'{w:g}' for w in args.work_ms or [0])} ms), not a barrier")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
