@@ -57,9 +57,9 @@ def cmd_launch(args) -> int:
     split = preflight(cfg)
     if fitted is not None:
         print(fitted.describe(), flush=True)
-    cfg, step = with_reference_step(cfg, split, given=(
-        f"the resumed run's ({Path(args.resume) / 'config.json'})" if args.resume
-        else "given (--step-work)"))
+    resumed = ({"given": f"the resumed run's ({Path(args.resume) / 'config.json'})"}
+               if args.resume else {})
+    cfg, step = with_reference_step(cfg, split, **resumed)
     if step is not None:
         print(step, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,
