@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -23,10 +24,12 @@ def test_bus_bandwidth_is_the_nccl_tests_convention():
     ({"algorithms": ("ps",)}, "'ps'"),
     ({"algorithms": ("nope",)}, "'nope'"),
     ({"repeats": 0}, "repeats"),
-    ({"step": -0.001}, "step must be in 0..10 s"),
-    ({"work": (0.001,)}, "work needs a step"),
-    ({"step": 0.002, "work": (0.003,)}, r"work must be in 0..step \(2 ms\)"),
-    ({"world_sizes": (2, 4), "step": 0.01, "work": (0.001, 0.002)}, "one value or one per rank"),
+    ({"step": -0.001}, r"step must be in \[0, 1\] seconds"),
+    ({"work": (0.001,)}, "work needs a step > 0"),
+    ({"step": 0.002, "work": (0.003,)}, r"work must be in \[0, step = 0.002\] seconds"),
+    ({"world_sizes": (2,), "step": 0.01, "work": (0.001, 0.002, 0.003)}, "one per rank, got 3"),
+    ({"world_sizes": (2, 4), "step": 0.01, "work": (0.001, 0.002)}, "the world sizes differ"),
+    ({"step": 0.5, "timeout": 10.0}, "past the bench's 10 s"),
 ])
 def test_bad_arguments_are_named(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
@@ -56,5 +59,13 @@ def test_sums_after_emulated_steps_are_timed_and_checked():
     end) instead of a barrier; the result is still checked against gloo's all-reduce."""
     rows = bench.run_comm_bench(world_sizes=(2,), sizes=(1000,), algorithms=("star",),
                                 repeats=3, warmup=1, step=0.004, work=(0.002, 0.0005))
-    assert [(r["algorithm"], r["step_s"]) for r in rows] == [("star", 0.004)]
+    assert [(r["algorithm"], r["step_s"], r["work_s"]) for r in rows] == [
+        ("star", 0.004, [0.002, 0.0005])]
     assert rows[0]["verified"] and 0 < rows[0]["min_s"] <= rows[0]["latency_s"]
+    assert rows[0]["late_s"] >= 0  # every rank slept to its step's end before the sum
+
+
+def test_a_steps_work_is_that_much_cpu_time():
+    start = time.thread_time()
+    bench._compute(0.02)
+    assert time.thread_time() - start >= 0.02

@@ -125,6 +125,21 @@ def _parse_floats(text: str) -> tuple[float, ...]:
             f"expected comma-separated numbers such as 1,2,4,8, got {text!r}") from None
 
 
+def float_list(low: float, high: float = math.inf, what: str = "numbers"):
+    """A parser of comma-separated `what`, each in (low, high]."""
+    def parse(text: str) -> tuple[float, ...]:
+        try:
+            values = tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}") from None
+        if not values or any(not (math.isfinite(v) and low < v <= high) for v in values):
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what} in ({low:g}, {high:g}], got {text!r}")
+        return values
+    return parse
+
+
 def _parse_names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 

@@ -7,10 +7,12 @@ start together after a barrier; the max is taken with an all-reduce outside the 
 region); the latency is the median sample.
 
 With ``step`` (``--step-ms``) each call comes after an emulated device's step instead of the
-barrier, as a blocking sum does in training: every rank computes its ``work`` (``--work-ms``,
-seconds of its own CPU time), sleeps to the step's end, then sums; the sample is the slowest
-rank's time from its step's end to the sum's return. Where processes share cores, a sum that
-wakes them all from their sleeps costs more than one called back to back.
+barrier, as a blocking sum comes in training: every rank computes its ``work`` (``--work-ms``:
+that much of its own CPU time), sleeps to the step's end (`heterogeneity.emulated_sleep`,
+without the make-up of oversleeps that an emulated device in `launch` has), then sums; the
+sample is the slowest rank's time from its waking to the sum's return, which holds its wait
+for a rank that woke later (``late_s``: the median of how far past the step's end the last
+rank woke). The ranks are not pinned to cores as `launch` pins emulated devices.
 
 Bus bandwidth follows the nccl-tests convention::
 
@@ -30,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import multiprocessing as mp
 import os
 import queue
@@ -44,6 +45,7 @@ from typing import Sequence
 from ..comm.collectives import ALGORITHMS
 from ..command_line import ArgumentParser
 from ..config import unwritable_dir
+from ..options import float_list
 
 DEFAULT_SIZES = (10**3, 10**4, 10**5, 10**6, 10**7)
 DEFAULT_ALGORITHMS = ("native", "ring", "butterfly", "binary-blocks", "star")
@@ -79,6 +81,7 @@ def _compute(seconds: float) -> None:
     import torch
 
     a, start = torch.randn(64, 64), time.thread_time()
+    a = a / a.norm()
     while time.thread_time() - start < seconds:
         a = torch.tanh(a @ a)
 
@@ -90,6 +93,7 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
     import torch.distributed as dist
 
     from ..comm import all_reduce
+    from ..runtime.heterogeneity import emulated_sleep
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -107,19 +111,21 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
             verified = {}
             reps = repeats or auto_repeats(n)
             samples: dict[str, list[float]] = {a: [] for a in algorithms}
-            elapsed = torch.zeros(1, dtype=torch.float64)
+            late: dict[str, list[float]] = {a: [] for a in algorithms}
+            elapsed = torch.zeros(2, dtype=torch.float64)  # (the call, woken past the step)
             for i in range(warmup + reps):
                 for alg in algorithms:
                     buf.copy_(src)
                     if step:  # (the previous sample's max has lined the ranks up)
                         started = time.perf_counter()
                         _compute(work[rank % len(work)])
-                        time.sleep(max(0.0, started + step - time.perf_counter()))
+                        time.sleep(emulated_sleep(1.0, time.perf_counter() - started, step))
                     else:
                         dist.barrier()
                     t0 = time.perf_counter()
                     all_reduce(buf, alg)
                     elapsed[0] = time.perf_counter() - t0
+                    elapsed[1] = t0 - started - step if step else 0.0
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     if i == 0:   # every algorithm's result is checked against the backend's
                         ok = torch.tensor([int(torch.allclose(buf, ref, rtol=1e-4, atol=1e-4))])
@@ -127,12 +133,14 @@ def _rank_main(rank: int, world_size: int, port: int, sizes: Sequence[int],
                         verified[alg] = bool(ok.item())
                     if i >= warmup:
                         samples[alg].append(float(elapsed[0]))
+                        late[alg].append(float(elapsed[1]))
             for alg in algorithms:
                 rows.append({"world_size": world_size, "numel": n, "bytes": 4 * n,
                              "dtype": "float32", "algorithm": alg, "repeats": reps,
                              "latency_s": statistics.median(samples[alg]),
                              "min_s": min(samples[alg]), "max_s": max(samples[alg]),
-                             "verified": verified[alg], "step_s": step})
+                             "verified": verified[alg], "step_s": step,
+                             "work_s": list(work), "late_s": statistics.median(late[alg])})
         results.put((rank, True, rows if rank == 0 else None))
     except BaseException as exc:  # report, never hang the parent
         import traceback
@@ -191,10 +199,10 @@ def run_comm_bench(world_sizes: Sequence[int] = (2, 4), sizes: Sequence[int] = D
 
     ``native`` is always measured (added if missing) as the reference. Each row has
     ``world_size, numel, bytes, dtype, algorithm, repeats, latency_s`` (median), ``min_s,
-    max_s, verified`` (the first result matched native's on every rank), ``step_s``,
-    ``busbw_GBps, native_latency_s, native_busbw_GBps, busbw_ratio``. ``step`` > 0: each sum
-    after an emulated step of that many seconds, in which rank r computes ``work[r]`` seconds
-    (one value: every rank; the module docstring).
+    max_s, verified`` (the first result matched native's on every rank), ``step_s, work_s,
+    late_s``, ``busbw_GBps, native_latency_s, native_busbw_GBps, busbw_ratio``. ``step`` > 0
+    (at most 1 s): each sum after an emulated step of that many seconds, in which rank r
+    computes ``work[r]`` seconds (one value: every rank; the module docstring).
     """
     for p in world_sizes:
         if isinstance(p, bool) or not isinstance(p, int) or p < 2:
@@ -210,18 +218,26 @@ def run_comm_bench(world_sizes: Sequence[int] = (2, 4), sizes: Sequence[int] = D
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if not 0 <= step <= 10:
-        raise ValueError(f"step must be in 0..10 s (--step-ms 0..10000), got {step!r} s")
+    if not 0 <= step <= 1:
+        raise ValueError(f"step must be in [0, 1] seconds, got {step!r}")
     if work and not step:
-        raise ValueError("work needs a step to compute in: give --step-ms too")
+        raise ValueError("work needs a step > 0 to compute in")
     if step and not work:
         work = (0.0,)
     if step and not all(0 <= w <= step for w in work):
-        raise ValueError(f"work must be in 0..step ({step * 1e3:g} ms) each, got "
-                         f"{', '.join(f'{w * 1e3:g}' for w in work)} ms")
+        raise ValueError(f"work must be in [0, step = {step:g}] seconds each, got "
+                         f"{', '.join(f'{w:g}' for w in work)}")
     if len(work) > 1 and any(p != len(work) for p in world_sizes):
-        raise ValueError(f"work: expected one value or one per rank (world sizes "
-                         f"{', '.join(map(str, world_sizes))}), got {len(work)}")
+        one = ("one value or one per rank" if len(set(world_sizes)) == 1
+               else "one value (the world sizes differ)")
+        raise ValueError(f"work: expected {one}, got {len(work)} for world size(s) "
+                         f"{', '.join(map(str, world_sizes))}")
+    calls = len(set(algorithms) | {"native"}) * sum(warmup + (repeats or auto_repeats(n))
+                                                   for n in sizes)
+    if step * calls > timeout:
+        raise ValueError(f"step: {calls} sums a world size after steps of {step:g} s take "
+                         f"{step * calls:.0f} s, past the bench's {timeout:g} s: a shorter "
+                         f"step, or fewer sizes, algorithms or repeats")
     algs = ("native",) + tuple(a for a in dict.fromkeys(algorithms) if a != "native")
     out = []
     for p in world_sizes:
@@ -260,16 +276,6 @@ def _int_list(text: str) -> list[int]:
                                          f"{text!r}") from None
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-    return values
-
-
 def _check_fits(world_sizes: Sequence[int], sizes: Sequence[int]) -> None:
     """ValueError when the bench cannot run on this machine: more ranks than it can hold
     (at most 64, or 2 per CPU on bigger ones: every rank is a process here), or vectors too
@@ -301,14 +307,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions per point (default: 50 down to 5 by size)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
-    parser.add_argument("--step-ms", type=float, default=0.0,
+    parser.add_argument("--step-ms", type=float_list(0, 1000, "milliseconds"), default=None,
                         help="each sum after an emulated device's step this long: compute "
-                             "--work-ms, sleep to its end (default 0: after a barrier)")
-    parser.add_argument("--work-ms", type=_float_list, default=[],
+                             "--work-ms, sleep to its end (default: after a barrier)")
+    parser.add_argument("--work-ms", type=float_list(0, 1000, "milliseconds"), default=(),
                         help="with --step-ms: each rank's CPU time in the step, one value or "
-                             "one per rank (default 0)")
+                             "one per rank, at most the step (default 0)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
+    step = args.step_ms or (0.0,)
+    if len(step) > 1:
+        parser.error(f"argument --step-ms: expected one number, got {len(step)}")
+    if args.work_ms and not args.step_ms:
+        parser.error("argument --work-ms: needs --step-ms, the step it computes in")
+    if max(args.work_ms, default=0) > step[0]:
+        parser.error(f"argument --work-ms: invalid value {max(args.work_ms):g}; expected at "
+                     f"most the step, --step-ms {step[0]:g}")
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms:
         parser.error(f"argument --algorithms: expected at least one of "
@@ -322,13 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_fits(args.world_sizes, args.sizes)
         rows = run_comm_bench(args.world_sizes, args.sizes, algorithms, args.repeats,
-                              args.warmup, step=args.step_ms / 1e3,
+                              args.warmup, step=step[0] / 1e3,
                               work=[w / 1e3 for w in args.work_ms])
     except ValueError as err:
         parser.error(str(err))
     if args.step_ms:
-        print(f"each sum after an emulated step of {args.step_ms:g} ms (CPU work "
-              f"{', '.join(f'{w:g}' for w in args.work_ms or [0])} ms), not a barrier")
+        work = ", ".join(f"{w:g}" for w in args.work_ms or [0])
+        late = ", ".join(f"{r['late_s'] * 1e3:.2f}" for r in rows)
+        print(f"each sum after an emulated step of {step[0]:g} ms (CPU work {work} ms), not a "
+              f"barrier; the last rank woke {late} ms past its end (median, by row)")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

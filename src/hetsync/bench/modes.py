@@ -57,7 +57,7 @@ from hetsync.telemetry.summarize import SPEEDUP_BASELINE
 from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_config_arguments,
                                   given_fields, given_options, with_text_defaults)
 from hetsync.config import MAX_SEED, MAX_WORKERS, Config, unwritable_dir
-from hetsync.options import ConfigError
+from hetsync.options import ConfigError, float_list
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
@@ -98,20 +98,6 @@ def _names(valid: tuple[str, ...], allow_empty: bool):
     return parse
 
 
-def _floats(low: float, high: float = math.inf, what: str = "numbers"):
-    def parse(text: str) -> tuple[float, ...]:
-        try:
-            values = tuple(float(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated {what}, got {text!r}") from None
-        if not values or any(not (math.isfinite(v) and low < v <= high) for v in values):
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated {what} in ({low:g}, {high:g}], got {text!r}")
-        return values
-    return parse
-
-
 def _positive(kind):
     def parse(text: str):
         try:
@@ -140,17 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
       help="single-device recipes trained on the cluster's fastest device, each a run "
       f"'{REFERENCE_PREFIX}RECIPE' that every run is read against; '' for none (default: "
       f"{','.join(RECIPES)})")
-    a("--targets", type=_floats(0.0, what="targets"), default=None,
+    a("--targets", type=float_list(0.0, what="targets"), default=None,
       help="targets for time-to-target: accuracies in (0, 1] (default: "
       f"{','.join(map(str, DEFAULT_TARGETS))}), validation losses for language modelling "
       f"(default: {','.join(map(str, DEFAULT_LOSS_TARGETS))})")
     a("--speedup-at", type=_positive(float), default=None,
       help="target at which speedup over sync is shown and plotted (default: the last)")
-    a("--lr-sweep", type=_floats(0.0, what="learning rates"), default=None,
+    a("--lr-sweep", type=float_list(0.0, what="learning rates"), default=None,
       help="rates to try per mode for --sweep-budget s each; the best is used")
     a("--sweep-budget", type=_positive(float), default=20.0,
       help="seconds of training time per sweep run, evaluated at its end (default: 20)")
-    a("--horizons", type=_floats(0.0, what="seconds"), default=None,
+    a("--horizons", type=float_list(0.0, what="seconds"), default=None,
       help="run every row once per listed budget of training time, over which its rate "
       "schedule falls (a time to target depends on it): rows 'LABEL@Ts', and the fastest "
       "device's best recipe at each target is the best of its recipes at every horizon "
