@@ -188,6 +188,18 @@ class Config:
     bandwidth: str | None = field(default=None, metadata={"flags": ("--bandwidth",),
         "help": "launch, bench: every rank on its own emulated host behind a link of this "
                 "rate both ways, e.g. 100mbit (network namespaces and tc tbf; needs root)"})
+    clock: str = field(default="wall", metadata={"flags": ("--clock",),
+        "help": "what times the run: wall (real time; emulated devices sleep to their speed) "
+                "or virtual (real gradients, time from the device and network model: a step "
+                "costs its device's time, a collective its cost on --link-bandwidth and "
+                "--link-latency; nothing sleeps, and a run is the same on any machine)"})
+    link_bandwidth: str = field(default="10gbit", metadata={"flags": ("--link-bandwidth",),
+        "help": "--clock virtual: each worker's link, e.g. 10gbit or 100mbit"})
+    link_latency: float = field(default=20e-6, metadata={"flags": ("--link-latency",),
+        "help": "--clock virtual: each message's latency in seconds"})
+    step_jitter: float = field(default=0.0, metadata={"flags": ("--step-jitter",),
+        "help": "--clock virtual: sigma of a seeded lognormal draw (mean 1) that multiplies "
+                "each step's time (0: every step of a device takes the same time)"})
     seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "random seed"})
     threads: int = field(default=1, metadata={"flags": ("--threads",),
                          "help": "torch intra-op threads per worker"})
@@ -346,7 +358,55 @@ class Config:
         batches = [self.batch_of(r) for r in range(self.workers)]
         return self.workers * batches[rank] / sum(batches)
 
+    def make_clock(self):
+        """The clock the run is timed by (`hetsync.clock`): a worker's own."""
+        from hetsync.clock import Link, VirtualClock, WallClock, parse_rate
+
+        if self.clock == "wall":
+            return WallClock()
+        return VirtualClock(Link(self.link_latency, parse_rate(self.link_bandwidth)),
+                            timeout=self.timeout)
+
+    def virtual_clock_gap(self) -> str | None:
+        """What of this run the virtual clock does not time yet (None: it times all of it)."""
+        spec = self.spec
+        if self.needs_ps:
+            return "a parameter server's messages"
+        if spec.service is not None:
+            return f"the messages of its service ({spec.service.name})"
+        if spec.baseline:
+            return "DDP's own communication"
+        return spec.worker.untimed_by_virtual_clock
+
     # ------------------------------------------------------------------ validation
+    def _check_clock(self, bad) -> None:
+        from hetsync.clock import CLOCKS, parse_rate
+
+        if self.clock not in CLOCKS:
+            raise bad("clock", " or ".join(CLOCKS))
+        try:
+            parse_rate(self.link_bandwidth)
+        except ValueError:
+            raise bad("link_bandwidth", "a rate such as 10gbit, 100mbit or 500kbit") from None
+        if not 0 <= self.link_latency <= 1:
+            raise bad("link_latency", "seconds in [0, 1]")
+        if not 0 <= self.step_jitter <= 2:
+            raise bad("step_jitter", "a lognormal sigma in [0, 2]")
+        if self.clock == "wall":
+            if self.step_jitter:
+                raise bad("step_jitter", "0 unless --clock virtual")
+            return
+        gap = self.virtual_clock_gap()
+        if gap is not None:
+            raise bad("clock", f"wall with -m {self.effective_mode}: the virtual clock does "
+                               f"not time {gap} yet")
+        if self.bandwidth is not None:
+            raise bad("bandwidth", "none with --clock virtual (its links are "
+                                   "--link-bandwidth and --link-latency)")
+        if self.spare_workers:
+            raise bad("spare_workers", "0 with --clock virtual (spares start by the wall "
+                                       "clock)")
+
     def validate(self) -> "Config":
         """Check every field; raise ConfigError naming the flag, the value and what is valid."""
         from hetsync.models import MODEL_NAMES  # local import: models import torch
@@ -456,6 +516,7 @@ class Config:
                 parse_rate(self.bandwidth)
             except ValueError:
                 raise bad("bandwidth", "a rate such as 100mbit, 1gbit or 500kbit") from None
+        self._check_clock(bad)
         if not 0 < self.timeout <= MAX_WAIT_S:
             raise bad("timeout", f"a finite number of seconds > 0, at most {MAX_WAIT_S:g} (a "
                                  f"week)")

@@ -55,6 +55,7 @@ from hetsync.algorithms import registry
 from hetsync.algorithms.base import Action, ControlPath, Step
 from hetsync.config import COLLECTIVES
 from hetsync.runtime.assembly import assemble
+from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
@@ -139,7 +140,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
                                      group=group, collective=collective, timeout=timeout,
                                      service=service or ("127.0.0.1", 10010),
-                                     service_token=token, ps_rank=ps_rank, slowdown=slowdown)
+                                     service_token=token, ps_rank=ps_rank,
+                                     timer=StepTimer(slowdown, cpu_device=next(
+                                         model.parameters()).device.type == "cpu"))
             self._connect(model, rank, workers, store, prefix, run_dir, group=group,
                           slowdown=slowdown, collective=collective, options=opts,
                           timeout=timeout)

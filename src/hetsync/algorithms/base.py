@@ -39,20 +39,28 @@ from typing import Any, ClassVar, Iterator
 import torch
 import torch.distributed as dist
 
+from hetsync.clock import VirtualClock, WallClock, all_reduce_seconds, broadcast_seconds
+
 
 class PhaseClock:
-    """Seconds spent per phase (`wait`, `comm`, `query`, `eval`) since the last `take()`."""
+    """Seconds spent per phase (`wait`, `comm`, `query`, `eval`) since the last `take()`, on
+    the worker's clock (`source`: the wall clock, or a virtual one, `hetsync.clock`), which
+    `now()` reads for the loop too."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: WallClock | VirtualClock | None = None) -> None:
+        self.source = source if source is not None else WallClock()
         self._spent: dict[str, float] = defaultdict(float)
+
+    def now(self) -> float:
+        return self.source.now()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start = self.source.now()
         try:
             yield
         finally:
-            self._spent[name] += time.perf_counter() - start
+            self._spent[name] += self.source.now() - start
 
     def add(self, name: str, seconds: float) -> None:
         self._spent[name] += seconds
@@ -141,7 +149,19 @@ class CommContext:
         if self.workers == 1:
             return buffer
         with self.clock.phase("comm"):
-            return self.reduce(buffer, self.group)
+            summed = self.reduce(buffer, self.group)
+            self._meet(all_reduce_seconds, self.collective, buffer)
+            return summed
+
+    def _meet(self, cost, algorithm: str | None, buffer: torch.Tensor) -> None:
+        """On a virtual clock: a blocking collective of `buffer` over the group is also a
+        meeting of the members' clocks (`hetsync.clock`), priced by `cost`."""
+        source = self.clock.source
+        if source.virtual:
+            nbytes = buffer.numel() * buffer.element_size()
+            seconds = (cost(self.workers, nbytes, source.link) if algorithm is None
+                       else cost(algorithm, self.workers, nbytes, source.link))
+            source.meet(self.group, seconds, self.wire_device)
 
     def barrier(self, buffer: torch.Tensor | None = None, phase: str = "wait") -> torch.Tensor:
         """Sum a few floats over the workers by recursive doubling, timed as `phase`: a barrier
@@ -154,9 +174,10 @@ class CommContext:
         from hetsync.comm import all_reduce
 
         on_wire = flag.to(self.wire_device)
+        algorithm = "star" if self.collective == "star" else "butterfly"
         with self.clock.phase(phase):
-            all_reduce(on_wire, algorithm="star" if self.collective == "star" else "butterfly",
-                       group=self.group, timeout=self.timeout)
+            all_reduce(on_wire, algorithm=algorithm, group=self.group, timeout=self.timeout)
+            self._meet(all_reduce_seconds, algorithm, on_wire)
         return on_wire.cpu()
 
     def start_all_reduce(self, buffer: torch.Tensor, what: str):
@@ -170,7 +191,15 @@ class CommContext:
             done = ChannelFuture(what, float("inf"), self.timeout)
             done._future.set_result(buffer)
             return done
-        return self.channel.submit(lambda group: self.reduce(buffer, group), what)
+        source = self.clock.source
+        if not source.virtual:
+            return self.channel.submit(lambda group: self.reduce(buffer, group), what)
+        sent = source.now()
+        seconds = all_reduce_seconds(self.collective, self.workers,
+                                     buffer.numel() * buffer.element_size(), source.link)
+        return source.background(self.channel.submit(
+            lambda group: (self.reduce(buffer, group),
+                           source.job_end(group, sent, seconds, self.wire_device)), what))
 
     def members(self) -> list[int]:
         """The global ranks of the workers taking part (all of them, until one is lost)."""
@@ -192,6 +221,7 @@ class CommContext:
         on_wire = tensor.to(self.wire_device)
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast(on_wire, src=src, group=self.group)
+        self._meet(broadcast_seconds, None, on_wire)
         return on_wire.to(tensor.device)
 
     #: the most elements one broadcast of `broadcast_state` carries (16 MB of float32)
@@ -259,6 +289,9 @@ class Mode:
     #: each round's sum counts its contributors (`with_count`) and sets `contributors`, so a
     #: worker that has joined is left out of the mean and all learn when everyone has
     counts_contributors: ClassVar[bool] = False
+    #: what of this mode's communication the virtual clock (`hetsync.clock`) does not time
+    #: (None: it communicates only through `CommContext`'s collectives, which it times)
+    untimed_by_virtual_clock: ClassVar[str | None] = None
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  comm: CommContext, options: Any = None):

@@ -69,6 +69,7 @@ class EagerSGD(Mode):
     name = "eager"
     Options = EagerOptions
     control = ControlPath.STORE
+    untimed_by_virtual_clock = "eager-SGD's partial rounds (who arrives first)"
     initiator: ClassVar[str] = "solo"
     default_sync_every: ClassVar[int] = 32
 

@@ -9,7 +9,8 @@ optimizer, `assemble` connects what the mode needs and returns it ready to train
    last global rank);
 3. the client of the service the mode declares (`ModeSpec.service`), checked to be up;
 4. the worker's persistent background channel (`hetsync.comm.channel`, its own group);
-5. the step timer that emulates the device's speed (`runtime/heterogeneity.py`);
+5. the step timer that emulates the device's speed (`runtime/heterogeneity.py`), and the
+   clock it keeps (`hetsync.clock`: the wall clock, or a virtual one);
 6. the mode itself, whose `setup()` makes every worker start from the same model.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetsync.algorithms.base import CommContext, Mode
+from hetsync.algorithms.base import CommContext, Mode, PhaseClock
 from hetsync.algorithms.registry import ModeSpec
 from hetsync.comm.channel import Channel
 from hetsync.runtime.heterogeneity import StepTimer
@@ -66,9 +67,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
              group: dist.ProcessGroup | None, collective: str = "native",
              timeout: float = 120.0, service: tuple[str, int] = ("127.0.0.1", 10010),
-             service_token: str | None = None, ps_rank: int | None = None, slowdown: float = 1.0,
-             straggler=None, step_work: float | None = None,
-             channel_group: dist.ProcessGroup | None = None, joining: bool = False,
+             service_token: str | None = None, ps_rank: int | None = None,
+             timer: StepTimer | None = None, channel_group: dist.ProcessGroup | None = None, joining: bool = False,
              sample_weight: float = 1.0, run_workers: int = 0) -> Assembly:
     """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
 
@@ -79,14 +79,17 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
     (`runtime/membership.py`) makes neither its channel nor the mode's setup, which its
     admission brings. `sample_weight`: this worker's share of a step's samples × P
     (`Config.sample_weight_of`). `run_workers`: the run's workers, where some of them
-    (`--spare-workers`) are not among `group`'s yet.
+    (`--spare-workers`) are not among `group`'s yet. `timer`: the device's step timer
+    (`runtime/heterogeneity.py`; None: the device itself, on the wall clock), whose clock
+    times the whole worker (`hetsync.clock`).
     """
     device = next(model.parameters()).device
+    if timer is None:
+        timer = StepTimer(cpu_device=device.type == "cpu")
     gloo_on_cuda = device.type == "cuda" and workers > 1 and dist.get_backend(group) != "nccl"
     comm = CommContext(rank=rank, workers=workers, group=group, collective=collective,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
-                       timer=StepTimer(slowdown, cpu_device=device.type == "cpu",
-                                       straggler=straggler, work=step_work),
+                       timer=timer, clock=PhaseClock(timer.clock),
                        device_name=device_label(device), device=device,
                        sample_weight=sample_weight, run_workers=run_workers)
     if spec.needs_parameter_server(collective):

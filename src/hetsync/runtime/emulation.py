@@ -164,7 +164,8 @@ def fit_config(cfg: Config, given_scale: bool) -> tuple[Config, DeviceFit | None
     (`given_scale`; refused when it does not fit, unless `--oversubscribe 1`)."""
     import dataclasses
 
-    if (not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or not _fittable(cfg)):
+    if (not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or not _fittable(cfg)
+            or cfg.clock == "virtual"):  # (nothing sleeps: the devices share no cores)
         return cfg, None
     if given_scale:
         mine = DeviceFit(cfg.slowdowns, cfg.threads, cfg.cores or available_cores(),
@@ -223,7 +224,7 @@ def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
     `given`, and the devices' nominal speeds (None: no `--slowdowns`)."""
     import dataclasses
 
-    if not cfg.slowdowns:
+    if not cfg.slowdowns and cfg.clock == "wall":
         return cfg, None
     how = given
     if cfg.step_work is None:

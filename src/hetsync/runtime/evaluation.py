@@ -23,7 +23,8 @@
 
 Each evaluation record holds the snapshot's stamp (`t, train_time, round, samples_seen`), the
 result (`test_acc, test_loss`: for text the next character's accuracy and the loss in nats
-per character) and `lag_s`, the seconds from the snapshot to its evaluation.
+per character) and `lag_s`, the real seconds from the snapshot to its evaluation (not on a
+virtual clock: a run's records there are the same on any machine).
 """
 
 from __future__ import annotations
@@ -97,10 +98,12 @@ def drop_after(run_dir: str | Path, train_time: float) -> None:
 
 class SnapshotWriter:
     """The leader's snapshots of the global model, written to disk by a thread of their own
-    (a save never holds up a step), numbered after those already there and after `after`."""
+    (a save never holds up a step), numbered after those already there and after `after`;
+    `stamp_taken`: each stamped with the real time it was taken (for `lag_s`)."""
 
-    def __init__(self, run_dir: str | Path, after: int = 0):
+    def __init__(self, run_dir: str | Path, after: int = 0, stamp_taken: bool = True):
         self.root = snapshot_dir(run_dir)
+        self.stamp_taken = stamp_taken
         existing = pending(run_dir)
         self.number = max(after, int(existing[-1].stem) if existing else 0)
         self._queue: queue.Queue = queue.Queue()
@@ -114,7 +117,8 @@ class SnapshotWriter:
         self._raise()
         self.number += 1
         path = self.root / f"{self.number:06d}.pt"
-        self._queue.put((path, {"version": VERSION, "stamp": {**stamp, "taken_at": time.time()},
+        taken = {"taken_at": time.time()} if self.stamp_taken else {}
+        self._queue.put((path, {"version": VERSION, "stamp": {**stamp, **taken},
                                 "model": state}))
 
     def _write(self) -> None:
@@ -156,9 +160,10 @@ def evaluate_pending(run_dir: str | Path, model: torch.nn.Module, test_set,
         stamp, state = load_snapshot(path)
         model.load_state_dict(state)
         result = evaluate(model, test_set, device)
-        taken = stamp.pop("taken_at", None)
+        taken = stamp.pop("taken_at", None)  # (none on a virtual clock: a real lag there
+        # would make a run's records differ from its twin's)
         record({**stamp, "test_acc": result.test_acc, "test_loss": result.test_loss,
-                "lag_s": None if taken is None else max(0.0, time.time() - taken)})
+                **({} if taken is None else {"lag_s": max(0.0, time.time() - taken)})})
         path.unlink()
         done += 1
     if done and not pending(run_dir):

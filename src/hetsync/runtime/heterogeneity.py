@@ -37,6 +37,13 @@ clock: alone, a slowdown-15 LeNet worker measured 1.3x the reference work and ra
 its nominal speed, at 99 % of it with the reference's), and the devices of one cluster, and of
 every run of a bench, should run at the speeds they are said to.
 
+**On a virtual clock** (`hetsync.clock`) nothing sleeps: a step costs the device's time for
+it, spent on the worker's virtual clock — F × the reference work × the step's share of the
+device's batch, times a seeded lognormal jitter of mean 1 where `--step-jitter` σ > 0 (as
+FedScale and FLSim draw a client's duration), plus a straggler's delay. The reference work is
+then always given (`launch` and `bench` measure it once before the workers start), so a run's
+times do not depend on how fast this machine computes its steps.
+
 **Random stragglers** (`RandomStraggler`), as eager-SGD's paper injects imbalance: every step,
 every worker independently sleeps a fixed delay with probability p (the paper: 320 ms on a
 ~0.3 s step with p ≈ 2/P; its code draws `rank == randint(P) or rank == randint(P)` from a
@@ -46,6 +53,7 @@ typical step (`4x`). It comes on top of `--slowdowns`, in every mode.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -107,11 +115,22 @@ class StepTimer:
     CALIBRATION = 32
 
     def __init__(self, factor: float = 1.0, cpu_device: bool = True,
-                 straggler: RandomStraggler | None = None, work: float | None = None):
+                 straggler: RandomStraggler | None = None, work: float | None = None,
+                 clock=None, jitter: float = 0.0, seed: int = 0):
         if factor < 1:
             raise ValueError(f"slowdown factor must be >= 1, got {factor}")
         if work is not None and not work > 0:
             raise ValueError(f"the reference work per step must be > 0 s, got {work}")
+        #: a virtual clock (`hetsync.clock.VirtualClock`) to spend the step's time on, or
+        #: None: the wall clock, slept to
+        self.clock = clock if clock is not None and clock.virtual else None
+        if self.clock is not None and work is None:
+            raise ValueError("a device on the virtual clock needs the reference work per step "
+                             "(--step-work)")
+        if not 0 <= jitter < float("inf"):
+            raise ValueError(f"the step jitter must be >= 0, got {jitter}")
+        self._jitter = jitter
+        self._rng = random.Random(seed)
         self.factor, self.cpu_device = factor, cpu_device
         #: the reference work per step, fixed (None: the median of the first steps)
         self.work = work
@@ -127,12 +146,31 @@ class StepTimer:
         self._late = 0.0
 
     def begin(self) -> float:
-        self.started, self._cpu_started = time.perf_counter(), self._cpu_clock()
+        now = self.clock.now() if self.clock is not None else time.perf_counter()
+        self.started, self._cpu_started = now, self._cpu_clock()
         self._slept = False
         return self.started
 
+    def virtual_seconds(self, share: float = 1.0) -> float:
+        """A step's time on the virtual clock: F × work × share × jitter + a straggler's
+        delay (the module docstring)."""
+        seconds = self.factor * self.work * share
+        if self._jitter > 0:  # lognormal of mean 1: exp(σz − σ²/2)
+            seconds *= math.exp(self._jitter * self._rng.gauss(0.0, 1.0)
+                                - self._jitter ** 2 / 2)
+        if self._delays is not None:
+            delay = next(self._delays)
+            seconds += delay * (self.factor * self.work if self.straggler.relative else 1.0)
+        return seconds
+
     def emulate(self, share: float = 1.0) -> None:
-        if self._slept or (self.factor <= 1 and self._delays is None):
+        if self._slept:
+            return
+        if self.clock is not None:
+            self._slept = True
+            self.clock.spend(self.virtual_seconds(share))
+            return
+        if self.factor <= 1 and self._delays is None:
             return
         self._slept = True
         now = time.perf_counter()

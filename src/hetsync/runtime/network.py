@@ -21,8 +21,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
-_UNIT = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+from hetsync.clock.network import parse_rate  # noqa: F401 - (the rate syntax's one place)
+
 #: tbf's bucket: at least 128 KB, so that a full-size burst at a high rate is not cut
 BURST_BYTES = 128 * 1024
 PREFIX = "hs"
@@ -30,16 +30,6 @@ PREFIX = "hs"
 
 class NetworkUnavailable(RuntimeError):
     """The machine cannot make the emulated network (not root, no `ip`/`tc`, ...)."""
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second of a rate written as tc writes it (`100mbit`, `1gbit`, `500kbit`);
-    ValueError naming what is valid."""
-    match = _RATE.match(str(text).strip().lower())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"invalid rate {text!r}; expected a number > 0 followed by kbit, mbit "
-                         f"or gbit (e.g. 100mbit)")
-    return float(match.group(1)) * _UNIT[match.group(2)]
 
 
 def _run(*argv: str) -> str:

@@ -38,7 +38,7 @@ class RoundAccount:
     """What the current round has done so far (a new one per round)."""
 
     eval_total: float = 0.0   # the run's evaluation seconds when the round began
-    start: float = field(default_factory=time.perf_counter)
+    start: float = field(default_factory=time.perf_counter)  # on the worker's clock
     meter: tuple[int, int] = field(default_factory=meter_totals)
     compute: float = 0.0
     loss_sum: float = 0.0
@@ -77,7 +77,7 @@ class RoundAccount:
         return {
             "rank": rank, "device": mode.comm.device_name, "round": round_,
             "local_steps": self.steps, "samples": self.samples,
-            "t_start": self.start - t0, "t_end": time.perf_counter() - t0,
+            "t_start": self.start - t0, "t_end": mode.comm.clock.now() - t0,
             "compute_s": self.compute,
             "wait_s": spent.get("wait", 0.0) + spent.get("query", 0.0),
             "comm_s": spent.get("comm", 0.0), "query_s": spent.get("query", 0.0),
@@ -98,7 +98,7 @@ def perform(mode: Mode, action: Action, rnd: RoundAccount) -> int:
     """Step 3: apply `action` and count the round it ends; its local part is `rnd`'s
     compute. Returns the round it finished (or is part of)."""
     finished, clock = mode.round, mode.comm.clock
-    applying, waited = time.perf_counter(), clock.total()
+    applying, waited = clock.now(), clock.total()
     mode.perform(action)
-    rnd.compute += (time.perf_counter() - applying) - (clock.total() - waited)
+    rnd.compute += (clock.now() - applying) - (clock.total() - waited)
     return finished

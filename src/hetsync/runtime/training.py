@@ -134,6 +134,11 @@ class TrainingLoop:
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         self._take_lead()
 
+    def _now(self) -> float:
+        """The worker's clock (`hetsync.clock`: the wall clock, or a virtual one): every time
+        the loop reads — the training time, a step's start and end, the stamps."""
+        return self.mode.comm.clock.now()
+
     @property
     def leads(self) -> bool:
         """Whether this worker proposes, evaluates and writes the global model: rank 0, or
@@ -212,7 +217,9 @@ class TrainingLoop:
             return
         self.eval_recorder = JsonlWriter(Path(self.run_dir) / "eval.jsonl")
         if self.deferred:
-            self.snapshots = SnapshotWriter(self.run_dir, after=self._evaluations)
+            self.snapshots = SnapshotWriter(
+                self.run_dir, after=self._evaluations,
+                stamp_taken=not self.mode.comm.clock.source.virtual)
 
     def close(self) -> None:
         """Close the leader's files (the snapshots all on disk)."""
@@ -259,7 +266,7 @@ class TrainingLoop:
         the mode needs them to. Evaluated at once in a collective mode, everyone waits for it
         (the barrier's time is evaluation, not waiting: the clock's `eval` phase is not
         recorded as wait)."""
-        start = time.perf_counter()
+        start = self._now()
         train_time = st.train_time(start)
         if self.pauses_everyone and self.mode.collective_global_model and not self.leads:
             with self.mode.global_model():  # its collective needs every worker
@@ -282,7 +289,7 @@ class TrainingLoop:
                                          "test_loss": result.test_loss})
         if self.pauses_everyone and not self.deferred:
             self.mode.comm.barrier(phase="eval")
-        st.eval_total += time.perf_counter() - start
+        st.eval_total += self._now() - start
 
     def _record_evaluation(self, record: dict) -> None:
         """Write one evaluation (the snapshot's stamp and its result) and show it."""
@@ -331,7 +338,7 @@ class TrainingLoop:
         if agreement.stop:
             return True
         if self.path is ControlPath.STORE and not self.leads:
-            return every > 0 and st.train_time(time.perf_counter()) >= self._next_checkpoint
+            return every > 0 and st.train_time(self._now()) >= self._next_checkpoint
         return agreement.evaluate and every > 0 and self._evaluations % every == 0
 
     def _background_agreement(self, st: LoopState, wait: bool) -> bool:
@@ -351,10 +358,10 @@ class TrainingLoop:
         if self.path is ControlPath.BACKGROUND and self._background_agreement(st, wait=True):
             return True, None
         if self.path is ControlPath.BLOCKING:
-            proposal = self._propose(st, rnd.samples, time.perf_counter())
+            proposal = self._propose(st, rnd.samples, self._now())
             return False, self.control.agree(self.mode.comm.barrier(proposal.as_tensor()))
         if self.path is ControlPath.WITH_SUM:  # (summed with the round's own, `_after_apply`)
-            self.mode.proposal = self._propose(st, rnd.samples, time.perf_counter()).as_tensor()
+            self.mode.proposal = self._propose(st, rnd.samples, self._now()).as_tensor()
         return False, None
 
     def _after_apply(self, st: LoopState, rnd: RoundAccount,
@@ -372,7 +379,7 @@ class TrainingLoop:
             return self.control.agree(summed)
         if self.path is ControlPath.STORE:
             self._follow_lead()
-        proposal = self._propose(st, rnd.samples, time.perf_counter())
+        proposal = self._propose(st, rnd.samples, self._now())
         if self.path is ControlPath.BACKGROUND:
             self._in_flight = self.mode.comm.start_all_reduce(
                 proposal.as_tensor(), f"agreement of round {self.mode.round - 1}")
@@ -517,11 +524,11 @@ class TrainingLoop:
         if self.snapshots is not None:  # the snapshots before the checkpoint are on disk
             self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
-        start = time.perf_counter()
+        start = self._now()
         if self.leads and not self.mode.collective_global_model:
             with self.mode.global_model():  # as settled: the same global as the mode's state
                 self._global_state = _cpu_state(self.mode.model)
-        now = time.perf_counter()
+        now = self._now()
         # a resume restarts these from the leader's file (checkpoint.py): the ranks lost, the
         # spares not joined yet, and those below an asynchronous mode's leader (lost, or
         # joined again since: the leader is the lowest of the others)
@@ -546,7 +553,7 @@ class TrainingLoop:
             state["global"] = self._global_state
         self.checkpointer.write(state)
         self._checkpoint_due, self._global_state = False, None
-        st.eval_total += time.perf_counter() - start  # writing it is not training
+        st.eval_total += self._now() - start  # writing it is not training
         self._next_checkpoint = self._checkpoint_after(state["loop"]["train_time"])
 
     def _loop_state(self, t0: float) -> LoopState:
@@ -566,7 +573,7 @@ class TrainingLoop:
         if self.joining and not self._enter(st):
             return st  # the run ended before this process was let in
         mode.module.train()
-        rnd = RoundAccount(st.eval_total, drawn=self._unrecorded.drawn,
+        rnd = RoundAccount(st.eval_total, start=self._now(), drawn=self._unrecorded.drawn,
                            held=self._unrecorded.held)
         if rnd.drawn:
             self.held.shards[self.rank].round_start = tuple(rnd.drawn[0][:2])
@@ -589,7 +596,7 @@ class TrainingLoop:
                 torch.cuda.synchronize(self.device)
             timer.emulate(mode.batch_share)  # a slower device (runtime/heterogeneity.py); DDP
             # did in backward
-            ended = time.perf_counter()
+            ended = self._now()
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(
@@ -602,7 +609,7 @@ class TrainingLoop:
             except CommError as err:
                 self._regroup(st, err)  # (or raises)
                 self.held.redraw()  # the dropped round's batches again (the ledger skips none)
-                stop, rnd = False, RoundAccount(st.eval_total)
+                stop, rnd = False, RoundAccount(st.eval_total, start=self._now())
             if stop:
                 break
         if self.leads and self.membership is not None:
@@ -634,7 +641,7 @@ class TrainingLoop:
         agreement = self._after_apply(st, rnd, agreement)
         stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
         self._record(finished_round, rnd, st, step.epoch)
-        rnd = RoundAccount(st.eval_total)
+        rnd = RoundAccount(st.eval_total, start=self._now())
         if self._checkpoint_due:  # its time: the next round's eval_s, not training
             self._write_checkpoint(st)
         return stop, rnd
@@ -674,7 +681,7 @@ class TrainingLoop:
         """This process joins the running job (`joining`): ask, wait to be admitted, then
         take the members' groups, the leader's global state, counts and clock. False if the
         run ended first."""
-        asked = time.perf_counter()
+        asked = self._now()
         if self.membership is None:
             return self._enter_server(st, asked)
         if not self.membership.enter(wait=2 * self.cfg.timeout):  # (it asks only now: ready)
@@ -682,7 +689,7 @@ class TrainingLoop:
         self._hand_over_shards(joined=True)
         self._share_with_joiners(st, joined=True)
         print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
-              f"{time.perf_counter() - asked:.2f} s after asking (workers "
+              f"{self._now() - asked:.2f} s after asking (workers "
               f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
         return True
 
@@ -715,9 +722,9 @@ class TrainingLoop:
                   f"while it was lost)", file=sys.stderr, flush=True)
         self.mode.setup()
         st.samples_seen = self.control.seen()
-        self._next_checkpoint = self._checkpoint_after(st.train_time(time.perf_counter()))
+        self._next_checkpoint = self._checkpoint_after(st.train_time(self._now()))
         print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
-              f"{time.perf_counter() - asked:.2f} s after asking (on a link of its own to the "
+              f"{self._now() - asked:.2f} s after asking (on a link of its own to the "
               f"parameter server, rank {client.server_rank})", file=sys.stderr, flush=True)
         return True
 
@@ -750,7 +757,7 @@ class TrainingLoop:
         """The leader's counts of samples and evaluations, on every member; `joined`: also
         its clock (training time, evaluation time, the last evaluation's) and its count of
         checkpoints, which the worker that joins goes on from."""
-        now = time.perf_counter()
+        now = self._now()
         counts = self.mode.comm.broadcast(torch.tensor(
             [st.samples_seen, self._evaluations, now - st.t0, st.eval_total,
              st.last_eval_train_time, self.checkpointer.index if self.checkpointer else 0],

@@ -24,6 +24,7 @@ from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
+from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.runtime.devices import pick_device
 from hetsync.runtime.emulation import nominal_speed_of
 from hetsync.runtime.handshake import broadcast_text, gather_texts
@@ -58,6 +59,10 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
         raise ConfigError("--balanced-batches: expected --step-work with it (launch and bench "
                           "measure it): a device's step is topped up to F x the reference's "
                           "work for its batch, which a device cannot measure on its own")
+    if cfg.clock == "virtual" and cfg.step_work is None:
+        raise ConfigError("--clock virtual: expected --step-work with it (launch and bench "
+                          "measure it): a step's virtual time is its device's slowdown x the "
+                          "reference's work, which must not depend on this machine's load")
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if world != cfg.world_size:
         need = (f"{cfg.workers} workers + 1 parameter server" if cfg.needs_ps
@@ -267,8 +272,10 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         group=group, channel_group=channel_group, collective=cfg.collective,
                         timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
-                        slowdown=cfg.slowdown_of(rank), straggler=cfg.straggler_of(rank),
-                        step_work=cfg.step_work_of(rank),
+                        timer=StepTimer(cfg.slowdown_of(rank), cpu_device=device.type == "cpu",
+                                        straggler=cfg.straggler_of(rank),
+                                        work=cfg.step_work_of(rank), clock=cfg.make_clock(),
+                                        jitter=cfg.step_jitter, seed=cfg.seed * 7919 + rank),
                         sample_weight=cfg.sample_weight_of(rank), joining=join,
                         run_workers=cfg.workers)
     mode = assembly.mode
@@ -316,7 +323,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 loop.evaluate_initial(0.0)
             if world > 1 and not join:  # the workers start their clocks together
                 dist.barrier(group=group)
-            t0 = time.perf_counter()
+            t0, real_t0 = mode.comm.clock.now(), time.perf_counter()
             if join and start_time is not None:  # on the run's clock (a regrouping mode's
                 t0 -= time.time() - start_time   # admission gives the leader's)
             # a resumed run keeps its start: its records' times go on from the checkpoint's
@@ -335,8 +342,9 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
             # the leader: rank 0, or the lowest survivor once it was lost
             if loop.leads:
                 assembly.record_service(run_dir)  # (launch or torchrun alike)
-                wall = time.perf_counter() - state.t0  # (a resumed run: since its start)
-                train_time = state.train_time(time.perf_counter())
+                now = mode.comm.clock.now()
+                wall = now - state.t0  # (a resumed run: since its start)
+                train_time = state.train_time(now)
                 if loop.snapshots is not None:  # deferred: by the evaluator, or now
                     loop.snapshots.flush()
                     if not cfg.evaluator:
@@ -345,7 +353,9 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 # and a single worker, which its own evaluation stops)
                 info["ranks"] = _with_joiners(ranks, store, loop.absent_workers())
                 write_json_atomic(run_dir / "run.json", _run_info(
-                    **info, mode_info=mode.describe(), end_time=start_time + wall, wall_s=wall,
+                    **info, mode_info=mode.describe(), wall_s=wall,
+                    end_time=time.time(),
+                    clock=_clock_info(cfg, mode, time.perf_counter() - real_t0),
                     train_time=train_time,
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0,
                     **({"lost_workers": loop.lost_workers()} if loop.lost_workers() else {}),
@@ -500,6 +510,17 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path,
     serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
                                       list(range(cfg.workers)), cfg.timeout,
                                       joins=cfg.admits_workers, absent=spares or ()), run_dir)
+
+
+def _clock_info(cfg: Config, mode, real_s: float) -> dict:
+    """run.json's `clock`: what timed the run; on a virtual clock, what it modelled and the
+    real seconds its training took (this worker's)."""
+    info = mode.comm.clock.source.describe()
+    if cfg.clock == "virtual":
+        info.update(step_jitter=cfg.step_jitter, step_work=cfg.step_work,
+                    slowdowns=[cfg.slowdown_of(r) for r in range(cfg.workers)],
+                    real_s=real_s)
+    return info
 
 
 def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time: float,

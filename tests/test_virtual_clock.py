@@ -1,0 +1,203 @@
+"""The virtual clock (`hetsync.clock`): real gradients, time from the device and network model.
+
+What a user checks: a collective's modelled cost is the α-β formula of its message pattern; a
+step costs its device's time and nothing sleeps; the workers' clocks meet at every blocking
+collective at the latest one's time plus the collective's cost; overlapped communication
+costs time only where it is waited for; and a run's records are the same, to the bit, run
+after run and beside a CPU-heavy neighbour.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hetsync.algorithms.base import CommContext, PhaseClock
+from hetsync.clock import Link, VirtualClock, all_reduce_seconds, broadcast_seconds
+from hetsync.config import Config
+from hetsync.options import ConfigError
+from hetsync.runtime.heterogeneity import RandomStraggler, StepTimer
+from hetsync.runtime.launcher import launch
+
+from distributed import run_ranks
+
+LINK = Link(latency_s=20e-6, bandwidth_bps=10e9)
+
+
+# ----------------------------------------------------------------------------- the model
+def test_collective_costs_follow_their_message_patterns():
+    S, beta = 4e6, LINK.bytes_per_s  # 4 MB
+    ring = 2 * 3 * 20e-6 + 2 * 3 / 4 * S / beta
+    assert all_reduce_seconds("ring", 4, S, LINK) == pytest.approx(ring)
+    assert all_reduce_seconds("native", 4, S, LINK) == pytest.approx(ring)
+    assert all_reduce_seconds("butterfly", 4, S, LINK) == pytest.approx(2 * (20e-6 + S / beta))
+    # 6 workers fold onto 4: two more whole-vector hops
+    assert all_reduce_seconds("butterfly", 6, S, LINK) == pytest.approx(4 * (20e-6 + S / beta))
+    assert all_reduce_seconds("binary-blocks", 4, S, LINK) == pytest.approx(
+        4 * 20e-6 + 2 * 3 / 4 * S / beta)
+    assert all_reduce_seconds("star", 4, S, LINK) == pytest.approx(2 * 20e-6 + 6 * S / beta)
+    assert broadcast_seconds(5, S, LINK) == pytest.approx(3 * (20e-6 + S / beta))
+    assert all_reduce_seconds("ring", 1, S, LINK) == 0.0
+    # 100x less bandwidth: the transfer term 100x, the latency the same
+    slow = Link(latency_s=20e-6, bandwidth_bps=100e6)
+    assert all_reduce_seconds("ring", 4, S, slow) == pytest.approx(
+        6 * 20e-6 + 100 * (ring - 6 * 20e-6))
+    with pytest.raises(ValueError, match="no cost for all-reduce 'gossip'"):
+        all_reduce_seconds("gossip", 4, S, LINK)
+
+
+def test_a_step_on_the_virtual_clock_costs_its_devices_time_and_never_sleeps():
+    clock = VirtualClock(LINK)
+    timer = StepTimer(4.0, work=0.5, clock=clock)
+    real = time.perf_counter()
+    for share in (1.0, 1.0, 0.5):  # a lost worker's smaller batch: its own samples' time
+        timer.begin()
+        timer.emulate(share)
+    assert clock.now() == pytest.approx(4 * 0.5 * 2.5)
+    assert time.perf_counter() - real < 1.0  # 5 s of device time, no sleep
+    with pytest.raises(ValueError, match="--step-work"):
+        StepTimer(2.0, clock=VirtualClock())
+
+
+def test_jitter_and_stragglers_are_seeded_and_jitter_keeps_the_mean():
+    def times(seed, jitter=0.3, straggler=None):
+        clock = VirtualClock()
+        timer = StepTimer(2.0, work=0.01, clock=clock, jitter=jitter, seed=seed,
+                          straggler=straggler)
+        out = []
+        for _ in range(4000):
+            start = clock.now()
+            timer.begin()
+            timer.emulate()
+            out.append(clock.now() - start)
+        return out
+
+    a, b = times(1), times(1)
+    assert a == b and a != times(2)
+    assert sum(a) / len(a) == pytest.approx(0.02, rel=0.03)  # lognormal of mean 1
+    assert min(a) < 0.015 < 0.027 < max(a)
+    late = times(0, jitter=0.0, straggler=RandomStraggler(0.25, 4.0, relative=True, seed=3))
+    delayed = [t for t in late if t > 0.02 + 1e-12]
+    assert all(t == pytest.approx(0.02 + 4 * 0.02) for t in delayed)
+    assert 0.2 < len(delayed) / len(late) < 0.3
+
+
+# ----------------------------------------------------------------------------- real gloo ranks
+def _meet_and_sum(rank, world):
+    clock = VirtualClock(LINK)
+    comm = CommContext(rank=rank, workers=world, clock=PhaseClock(clock))
+    clock.spend(0.1 * (rank + 1))  # rank 2 is the last to arrive, at 0.3 s
+    x = torch.arange(1000, dtype=torch.float32) * (rank + 1)
+    expected = x.clone()
+    dist.all_reduce(expected)
+    summed = comm.all_reduce(x.clone())
+    torch.testing.assert_close(summed, expected)
+    after_sum = clock.now()
+    phases = comm.clock.take()
+    # overlapped: a background sum sent at different times on each clock
+    clock.spend(0.05 * (world - rank))  # now rank 0 is the last to submit
+    sent = clock.now()
+    from hetsync.comm.channel import Channel
+
+    comm.channel = Channel.for_ranks(list(range(world)))
+    future = comm.start_all_reduce(x.clone(), "a background sum")
+    end = after_sum + 0.05 * world + all_reduce_seconds("native", world, 4000, LINK)
+    early = future.done()  # this worker's clock has not reached the sum's end
+    clock.spend(end - clock.now() + 1e-9)
+    late = future.done()
+    background = future.result()  # already done: waiting for it moves the clock no further
+    comm.channel.close()
+    return (after_sum, phases, sent, early, late, clock.now(), end,
+            torch.equal(background, expected))
+
+
+def test_the_workers_clocks_meet_at_a_blocking_sum_and_a_background_one_costs_only_its_wait():
+    results = run_ranks(_meet_and_sum, 3)
+    cost = all_reduce_seconds("native", 3, 4000, LINK)
+    for rank, (after_sum, phases, sent, early, late, now, end, same) in enumerate(results):
+        assert after_sum == pytest.approx(0.3 + cost, abs=1e-12)  # the last, plus the sum
+        assert phases["comm"] == pytest.approx(0.3 - 0.1 * (rank + 1) + cost, abs=1e-12)
+        assert end == pytest.approx(after_sum + 0.15 + cost)
+        # not done until this worker's clock passes the end, whoever submitted last
+        assert sent < end and early is False and late is True
+        assert now == pytest.approx(end, abs=1e-8)
+        assert same
+
+
+# ----------------------------------------------------------------------------- whole runs
+VIRTUAL = dict(dataset="synthetic", network="mlp", workers=4, slowdowns=(1.0, 2.0, 4.0, 8.0),
+               clock="virtual", step_work=0.01, time_budget=1.5, epochs=None,
+               eval_interval=0.5, timeout=60.0, seed=3)
+
+
+def _run(tmp_path: Path, name: str, **extra) -> Path:
+    cfg = Config(log_dir=str(tmp_path), run_name=name, **{**VIRTUAL, **extra})
+    return launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+
+
+def _records(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round(tmp_path):
+    run_dir = _run(tmp_path, "sync", mode="sync")
+    records = {r: _records(run_dir, f"worker-{r}.jsonl") for r in range(4)}
+    rounds = len(records[0])
+    assert rounds >= 10 and all(len(records[r]) == rounds for r in range(4))
+    # the slowest device waits for nobody: its sum costs the ring's formula for the
+    # gradient, a count and the loop's four-float agreement that rides on it
+    cfg = Config(**VIRTUAL)
+    numel = sum(p.numel() for p in cfg.build_model(cfg.load_data()).parameters())
+    cost = all_reduce_seconds("native", 4, (numel + 1 + 4) * 4, LINK)
+    for k in range(rounds):
+        ends = {records[r][k]["t_end"] for r in range(4)}
+        assert max(ends) - min(ends) < 1e-9  # every worker leaves the sum together
+        for r, factor in enumerate((1, 2, 4, 8)):
+            assert records[r][k]["compute_s"] == pytest.approx(factor * 0.01, abs=1e-9)
+        assert records[3][k]["comm_s"] == pytest.approx(cost, abs=1e-12)
+        # the fastest waits 7 of the slowest's 8 steps' time inside the sum
+        assert records[0][k]["comm_s"] == pytest.approx(0.07 + cost, abs=1e-9)
+    assert records[0][-1]["t_end"] == pytest.approx(rounds * (0.08 + cost), abs=1e-6)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["clock"]["kind"] == "virtual" and run["clock"]["real_s"] > 0
+    assert run["train_time"] >= 1.5  # the budget is virtual seconds
+
+
+@pytest.mark.parametrize("mode,extra", [("diloco", {}), ("diloco", {"options": {"overlap": True}})])
+def test_a_virtual_run_is_the_same_to_the_bit_again_and_beside_a_busy_neighbour(
+        tmp_path, mode, extra):
+    first = _run(tmp_path, "first", mode=mode, **extra)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        second = _run(tmp_path, "second", mode=mode, **extra)
+    finally:
+        busy.kill()
+        busy.wait()
+    names = ["eval.jsonl"] + [f"worker-{r}.jsonl" for r in range(4)]
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    evals = _records(first, "eval.jsonl")
+    assert len(evals) >= 3 and evals[-1]["test_acc"] > 0.3
+    assert "lag_s" not in evals[-1]  # (a real lag would differ from run to run)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ({"clock": "sundial"}, "--clock: invalid value 'sundial'; expected wall or virtual"),
+    ({"clock": "virtual", "mode": "async"}, "the virtual clock does not time a parameter "
+                                            "server's messages yet"),
+    ({"clock": "virtual", "mode": "eager-solo"}, "eager-SGD's partial rounds"),
+    ({"clock": "virtual", "link_bandwidth": "fast"}, "--link-bandwidth: invalid value 'fast'"),
+    ({"step_jitter": 0.2}, "--step-jitter: invalid value 0.2; expected 0 unless --clock "
+                           "virtual"),
+])
+def test_bad_clock_options_are_one_line_naming_the_value(args, needle):
+    with pytest.raises(ConfigError) as err:
+        Config(**{**VIRTUAL, "clock": "wall", "slowdowns": (), **args}).validate()
+    assert needle in str(err.value) and "\n" not in str(err.value)
