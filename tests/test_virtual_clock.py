@@ -170,7 +170,10 @@ def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round
     assert run["train_time"] >= 1.5  # the budget is virtual seconds
 
 
-@pytest.mark.parametrize("mode,extra", [("diloco", {}), ("diloco", {"options": {"overlap": True}})])
+@pytest.mark.parametrize("mode,extra", [
+    ("diloco", {}), ("diloco", {"options": {"overlap": True}}),
+    # ESync's plan from the state server, which holds a round's reports until all are in
+    ("esync-outer", {}), ("esync", {"options": {"overlap": False}, "step_jitter": 0.2})])
 def test_a_virtual_run_is_the_same_to_the_bit_again_and_beside_a_busy_neighbour(
         tmp_path, mode, extra):
     first = _run(tmp_path, "first", mode=mode, **extra)

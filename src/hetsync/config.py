@@ -372,7 +372,7 @@ class Config:
         spec = self.spec
         if self.needs_ps:
             return "a parameter server's messages"
-        if spec.service is not None:
+        if spec.service is not None and not spec.service.virtual_clock:
             return f"the messages of its service ({spec.service.name})"
         if spec.baseline:
             return "DDP's own communication"

@@ -34,6 +34,9 @@ class RunService:
             reads it as ``comm.service``), with ``traffic()`` if the service counts what it
             serves: a dict for the run's ``service.json`` (None if it cannot tell).
         restarts: how many times `launch` starts it again after it died.
+        virtual_clock: its answers do not depend on the real order of the workers' requests
+            (ESync's state server holds a round's reports until every worker's is in), so a
+            run on the virtual clock (`hetsync.clock`) stays deterministic with it.
     """
 
     name: str
@@ -42,6 +45,7 @@ class RunService:
     serve: Callable[[int, str, str | None], Any]
     connect: Callable[[str, int, float, str | None], Any]
     restarts: int = 5
+    virtual_clock: bool = False
 
 
 class ServiceError(RuntimeError):

@@ -121,6 +121,10 @@ class StatePlan:
 
     def __init__(self, comm) -> None:
         self.comm = comm
+        #: on a virtual clock (`hetsync.clock`) the server holds a round's reports until all
+        #: are in and the plan is waited for, so that it does not depend on the real order of
+        #: the requests: the seconds it may hold them (0: the wall clock, answered at once)
+        self.hold = comm.timeout if comm.clock.source.virtual else 0.0
         self.step_time: float | None = None
         self._times = StepTimes()
         self._deadline: float | None = None  # local clock: when the round should end
@@ -189,8 +193,10 @@ class StatePlan:
             return
         self._plan = self.comm.service.report_async(
             self.comm.rank, next_round, 0, max(self.step_time or 0.0, 1e-6),
-            # (before its first plan, as long as the client tries: it may be starting)
-            self.comm.device_name, retry_s=None if self._last is None else self.READ_S)
+            # (before its first plan, or held, as long as the client tries: it may be
+            # starting, or waiting for a slower worker's report)
+            self.comm.device_name,
+            retry_s=None if self._last is None or self.hold else self.READ_S)
 
     def forget(self) -> None:
         """Drop the round in progress and the report in flight (a regroup, the end)."""
@@ -248,7 +254,7 @@ class ESync(LocalRounds):
         client.lost = self._absent()
         if self.comm.rank == 0:
             client.init(self._all_workers, self.options.epsilon, run=client.run,
-                        lost=client.lost)
+                        lost=client.lost, hold=self.length.hold)
         super().setup()
 
     def _absent(self) -> list[int]:
@@ -290,7 +296,7 @@ class ESync(LocalRounds):
 
             try:  # (a server that is back takes the run from the reports, which name it)
                 client.init(self._all_workers, self.options.epsilon, run=client.run,
-                            lost=lost, retry_s=StatePlan.READ_S)
+                            lost=lost, retry_s=StatePlan.READ_S, hold=self.length.hold)
             except StateServerUnreachable as err:
                 self.length.unreachable(err)
 

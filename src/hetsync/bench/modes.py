@@ -319,7 +319,8 @@ def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
     progress = RunProgress(run_dir, label or run.label, k, n, run.cfg.workers,
                            time_budget=run.cfg.time_budget, epochs=run.cfg.epochs,
                            train_size=train_size, stream=stream, enabled=not quiet,
-                           metric=metric_of(run.cfg.dataset))
+                           metric=metric_of(run.cfg.dataset),
+                           virtual=run.cfg.clock == "virtual")
     try:
         with progress:
             launch(run.cfg, show_progress=False, figures=False, stream=io.StringIO(), live=False)
@@ -574,6 +575,11 @@ def _setup(args, base: Config) -> dict:
             "random stragglers": (f"p {base.straggle_prob:g}, delay {base.straggle_delay}"
                                   if base.straggle_prob else "none"),
             "data injection": "on" if base.inject else "off",
+            "clock": (f"virtual: every time in this table is modelled (links "
+                      f"{base.make_clock().link.describe()}, step jitter "
+                      f"{base.step_jitter:g}), the gradients real"
+                      if base.clock == "virtual" else "wall (emulated devices sleep to their "
+                                                      "speed)"),
             "bandwidth per host": base.bandwidth or "unlimited (loopback)",
             "mode options": ", ".join(f"{k[len(OPTION_PREFIX):]}={v}"
                                       for k, v in sorted(vars(args).items())

@@ -1,4 +1,5 @@
-"""The bench's progress line: which run is going (k of n), how far, the last accuracy or loss.
+"""The bench's progress line: which run is going (k of n), how far (on a virtual clock, in
+virtual and in real seconds), the last accuracy or loss.
 
 Read from the run directory while the run's processes write it (the same files
 :mod:`hetsync.telemetry.progress` reads), from a background thread, so it works the same for
@@ -23,8 +24,10 @@ class RunProgress:
     def __init__(self, run_dir: Path, label: str, k: int, n: int, workers: int, *,
                  time_budget: float | None = None, epochs: float | None = None,
                  train_size: int | None = None, stream=None, every_s: float = 10.0,
-                 enabled: bool = True, metric: Metric = ACCURACY):
+                 enabled: bool = True, metric: Metric = ACCURACY, virtual: bool = False):
         self.metric = metric
+        #: the run is timed by a virtual clock: the line shows its real time beside
+        self.virtual = virtual
         self.label, self.k, self.n = label, k, n
         self.time_budget, self.epochs, self.train_size = time_budget, epochs, train_size
         self.stream = stream = stream or sys.stdout
@@ -50,6 +53,8 @@ class RunProgress:
         else:
             budget = f"/{self.time_budget:.0f}" if self.time_budget else ""
             how_far = f"train {self.train_time:5.1f}{budget} s"
+            if self.virtual:
+                how_far += f" virtual, {time.monotonic() - self.started:.0f} s real"
         acc = self.metric.show(self.last_eval) + (
             "" if self.last_eval is None else f" @ {self.last_eval['train_time']:.1f} s")
         rate = self.samples / self.train_time if self.train_time > 0 else 0.0

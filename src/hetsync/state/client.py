@@ -28,14 +28,18 @@ class StateClient(JsonClient):
         self.lost: list[int] = []    # ranks that run went on without (`init`, or a worker)
 
     def init(self, workers: int, epsilon: float | None = None, run: str | None = None,
-             lost: list[int] | None = None, retry_s: float | None = None) -> None:
+             lost: list[int] | None = None, retry_s: float | None = None,
+             hold: float = 0.0) -> None:
         """Start afresh for `run` (then every report carries it), without the `lost` ranks;
         `epsilon` None: the server's own margin (by default `auto`); `retry_s`: as for
-        `report_async`."""
+        `report_async`; `hold` > 0: answer a round's reports together once all are in (a run
+        on the virtual clock, `hetsync.state.server`)."""
         self.run = run
         self.lost = sorted(lost or [])
-        self._request("POST", "/init", {"workers": workers, "epsilon": epsilon, "run": run,
-                                        "lost": self.lost}, retry_s=retry_s)
+        body = {"workers": workers, "epsilon": epsilon, "run": run, "lost": self.lost}
+        if hold:
+            body["hold"] = hold
+        self._request("POST", "/init", body, retry_s=retry_s)
 
     def report(self, rank: int, round: int, steps: int, step_time: float,
                device: str = "") -> Decision:

@@ -2,10 +2,15 @@
 
 Endpoints (JSON bodies, keep-alive HTTP/1.1):
 
-- `POST /init`   `{"workers": N, "epsilon": -0.2 | null, "run": ID?, "lost": [RANK...]?}` →
-  `{"ok": true}`; starts afresh (`epsilon` null or absent: the server's own, by default
-  `auto`, see `policy.round_length`) for run ID (a string drawn by the run's rank 0), without
-  the `lost` ranks (workers the run went on without: never the slowest, their reports refused);
+- `POST /init`   `{"workers": N, "epsilon": -0.2 | null, "run": ID?, "lost": [RANK...]?,
+  "hold": SECONDS?}` → `{"ok": true}`; starts afresh (`epsilon` null or absent: the server's
+  own, by default `auto`, see `policy.round_length`) for run ID (a string drawn by the run's
+  rank 0), without the `lost` ranks (workers the run went on without: never the slowest, their
+  reports refused). With `hold` > 0 (a run on the virtual clock, `hetsync.clock`) a report of
+  a round is answered once every worker's report of that round is in (or `hold` seconds
+  after the first came, for those then in), all of them decided together in rank order: the
+  plan then depends on what the workers reported, not on the real order their requests
+  arrived in;
 - `POST /report` `{"rank", "round", "steps", "step_time", "device"?, "run"?, "lost"?}` →
   `{"ready": bool, "steps_left": int, "time_left": seconds | null, "epsilon": float (the
   caller's margin as a fraction of its step),
@@ -43,6 +48,7 @@ measures this one).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import html
 import json
@@ -56,7 +62,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.routing import Route
-from hetsync.config import MAX_WORKERS
+from hetsync.config import MAX_WAIT_S, MAX_WORKERS
 from hetsync.serving import ServerConfigError, Service, is_loopback
 from hetsync.services import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker
@@ -64,6 +70,7 @@ from hetsync.telemetry.live import PAGE, LiveBoard
 
 DEFAULT_PORT = 10010
 MAX_BODY = 16 * 1024          # bytes: a report is ~100
+MAX_HOLD_S = MAX_WAIT_S       # /init's hold: at most as long as a worker's --timeout
 TOKEN_ENV = "HETSYNC_TOKEN"
 #: The ranges of the numeric fields (inclusive): a step of an hour is already absurd, and
 #: rounds or steps beyond 2^40 would take centuries.
@@ -112,6 +119,7 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
     """The ASGI app; the tracker's times come from `clock` (the server's own); `instance`:
     what `/healthz` names it by."""
     state = {"tracker": ReadinessTracker(workers, epsilon), "run": None, "requests": 0,
+             "hold": 0.0, "held": {}, "decided": {},
              "board": LiveBoard(),
              "bytes_recv": 0, "bytes_sent": 0, "started": clock()}
     expected = None if token is None else token.encode()
@@ -149,9 +157,40 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         run = None if data.get("run") is None else _field(data, "run", str)
         if run is not None and not 0 < len(run) <= 64:
             raise BadRequest("field 'run' must be 1 to 64 characters")
+        hold = 0.0 if data.get("hold") is None else _field(data, "hold", float)
+        if not 0 <= hold <= MAX_HOLD_S:
+            raise BadRequest(f"field 'hold' must be seconds in [0, {MAX_HOLD_S:g}], got {hold}")
         state["tracker"] = ReadinessTracker(n, eps, lost=_lost_ranks(data, n))
-        state["run"] = run
+        state["run"], state["hold"] = run, hold
+        state["held"], state["decided"] = {}, {}
         return reply({"ok": True})
+
+    async def held_decision(tracker: ReadinessTracker, rank: int, rnd: int, report: tuple):
+        """`hold`: answer once every worker's report of round `rnd` is in (or the hold is
+        over), all of them decided in rank order."""
+        held, decided = state["held"], state["decided"]
+        if rnd in decided and rank not in decided[rnd]:  # late: the others' did not wait
+            return tracker.report(rank, rnd, *report[:2], clock(), report[2])
+        reports, event = held.setdefault(rnd, ({}, asyncio.Event()))
+        reports[rank] = report
+
+        def decide_all() -> None:
+            held.pop(rnd, None)
+            decided[rnd] = {r: tracker.report(r, rnd, steps, step_time, clock(), device)
+                            for r, (steps, step_time, device) in sorted(reports.items())}
+            for old in [r for r in decided if r < rnd - 2]:  # (a bounded memory)
+                del decided[old]
+            event.set()
+
+        if set(tracker.records) <= set(reports):
+            decide_all()
+        else:
+            try:
+                await asyncio.wait_for(event.wait(), state["hold"])
+            except asyncio.TimeoutError:
+                if not event.is_set():
+                    decide_all()
+        return decided[rnd].pop(rank)
 
     async def report(request: Request):
         data = await body(request)
@@ -177,7 +216,10 @@ def create_app(workers: int, epsilon: float | None = DEFAULT_EPSILON,
         if rank in tracker.lost:
             return reply({"error": f"rank {rank} was lost: run {state['run']} went on "
                                    f"without it"}, 409)
-        decision = tracker.report(rank, rnd, steps, step_time, clock(), device[:64])
+        if state["hold"] and rnd >= tracker.round:
+            decision = await held_decision(tracker, rank, rnd, (steps, step_time, device[:64]))
+        else:
+            decision = tracker.report(rank, rnd, steps, step_time, clock(), device[:64])
         return reply({"ready": decision.ready, "steps_left": decision.steps_left,
                       "time_left": decision.time_left, "epsilon": decision.epsilon,
                       "reason": decision.reason})

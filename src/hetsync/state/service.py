@@ -30,4 +30,4 @@ def _connect(host: str, port: int, timeout: float, token: str | None):
 
 
 STATE_SERVER = RunService("state-server", "state server", command=_command, serve=_serve,
-                          connect=_connect, restarts=5)
+                          connect=_connect, restarts=5, virtual_clock=True)

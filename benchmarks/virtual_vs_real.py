@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The virtual clock checked against real runs: each (profile, mode, seed) run twice, side by
+side — once on the wall clock (emulated devices that sleep, fitted into this machine's cores,
+real gloo sums between processes that share them) and once on the virtual clock calibrated to
+the same run (its fitted slowdowns, the same reference step, links priced like this
+machine's in-machine sums) — and their time to each target and final accuracy printed, with
+the medians over seeds and the virtual/real ratio.
+
+    .venv/bin/python benchmarks/virtual_vs_real.py --profiles "1,2;1,1;1,2,4,8" \
+        --modes sync,diloco --seeds 0,1,2 --budget 40
+
+A virtual figure is believed only as far as this table says it matches. Keep the machine
+quiet meanwhile: the real runs are the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HETSYNC = str(ROOT / ".venv" / "bin" / "hetsync")
+
+
+def tta(evals: list[dict], target: float) -> float | None:
+    for e in evals:
+        if e["test_acc"] >= target:
+            return e["train_time"]
+    return None
+
+
+def run(args, log_dir: Path, name: str, profile: str, mode: str, seed: int,
+        extra: list[str]) -> dict:
+    workers = len(profile.split(","))
+    argv = [HETSYNC, "launch", "-m", mode, "--workers", str(workers), "--slowdowns", profile,
+            "--step-work", str(args.step_work), "--time-budget", str(args.budget),
+            "--epochs", "none", "--seed", str(seed), "--eval-interval", str(args.eval_interval),
+            "--no-live", "--no-figures", "--quiet", "--log-dir", str(log_dir),
+            "--run-name", name, *args.launch_args.split(), *extra]
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.budget * 10 + 300)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: failed ({done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    run_dir = log_dir / name
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    config = json.loads((run_dir / "config.json").read_text())
+    return {"evals": evals, "speed_scale": config.get("speed_scale", 1.0),
+            "real_s": time.monotonic() - started,
+            "final": evals[-1]["test_acc"] if evals else float("nan")}
+
+
+def fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profiles", default="1,2;1,1;1,2,4,8",
+                   help="slowdown profiles, separated by ';'")
+    p.add_argument("--modes", default="sync,diloco")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budget", type=float, default=40.0, help="seconds of training time")
+    p.add_argument("--eval-interval", type=float, default=2.0)
+    p.add_argument("--step-work", type=float, default=0.006,
+                   help="the reference step (s per batch of 64), the same for both clocks")
+    p.add_argument("--targets", default="0.85,0.88,0.9")
+    p.add_argument("--link-latency", default="0.0005",
+                   help="the virtual links' latency: this machine's in-machine sums")
+    p.add_argument("--link-bandwidth", default="1gbit")
+    p.add_argument("--launch-args", default="", help="more flags for every launch")
+    p.add_argument("--log-dir", default="runs/virtual-vs-real")
+    p.add_argument("--out", default=None, help="also write the table (markdown) here")
+    args = p.parse_args()
+    targets = [float(t) for t in args.targets.split(",")]
+    log_dir = ROOT / args.log_dir
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    head = (["profile", "mode", "seed"]
+            + [f"{c} tta {t:g}" for t in targets for c in ("real", "virtual")]
+            + ["real final", "virtual final", "virtual run real s"])
+    rows, groups = [], {}
+    for profile in args.profiles.split(";"):
+        for mode in args.modes.split(","):
+            for seed in map(int, args.seeds.split(",")):
+                tag = f"{mode}-{profile.replace(',', '_')}-s{seed}"
+                real = run(args, log_dir, f"real-{tag}", profile, mode, seed, [])
+                virtual = run(args, log_dir, f"virtual-{tag}", profile, mode, seed,
+                              ["--clock", "virtual", "--speed-scale", str(real["speed_scale"]),
+                               "--link-latency", args.link_latency,
+                               "--link-bandwidth", args.link_bandwidth])
+                row = [profile, mode, str(seed)]
+                for t in targets:
+                    a, b = tta(real["evals"], t), tta(virtual["evals"], t)
+                    row += [fmt(a), fmt(b)]
+                    groups.setdefault((profile, mode, t), []).append((a, b))
+                groups.setdefault((profile, mode, "final"), []).append(
+                    (real["final"], virtual["final"]))
+                row += [f"{real['final']:.4f}", f"{virtual['final']:.4f}",
+                        f"{virtual['real_s']:.0f}"]
+                rows.append(row)
+                print(" | ".join(row), flush=True)
+    lines = [f"virtual clock against real runs, commit {commit}, {time.strftime('%Y-%m-%d')}, "
+             f"budget {args.budget:g} s, reference step {args.step_work * 1000:g} ms, virtual "
+             f"links {args.link_latency} s and {args.link_bandwidth}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", "| profile | mode | target | real median | virtual median | virtual ÷ real |",
+              "|---|---|---|---|---|---|"]
+    for (profile, mode, t), pairs in groups.items():
+        a, b = median([x for x, _ in pairs]), median([y for _, y in pairs])
+        ratio = f"{b / a:.2f}" if a and b else "—"
+        shown = (lambda x: "—" if x is None else f"{x:.4f}") if t == "final" else fmt
+        lines.append(f"| {profile} | {mode} | {t} | {shown(a)} | {shown(b)} | {ratio} |")
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
