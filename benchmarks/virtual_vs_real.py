@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,17 +44,27 @@ def run(args, log_dir: Path, name: str, profile: str, mode: str, seed: int,
             "--epochs", "none", "--seed", str(seed), "--eval-interval", str(args.eval_interval),
             "--no-live", "--no-figures", "--quiet", "--log-dir", str(log_dir),
             "--run-name", name, *args.launch_args.split(), *extra]
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=args.budget * 10 + 300)
-    if done.returncode != 0:
-        raise SystemExit(f"{name}: failed ({done.returncode}): "
-                         f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
     run_dir = log_dir / name
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    started = time.monotonic()
+    finished = run_dir / "run.json"
+    if not (finished.is_file() and json.loads(finished.read_text()).get("end_time")):
+        # (a run already there, complete, is read again: an interrupted comparison goes on)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              timeout=args.budget * 10 + 300)
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: failed ({done.returncode}): "
+                             f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+    evals = sorted((json.loads(line) for line in
+                    (run_dir / "eval.jsonl").read_text().splitlines()),
+                   key=lambda e: e["train_time"])  # (an evaluator may take the newest first)
     config = json.loads((run_dir / "config.json").read_text())
+    last = evals[-1] if evals else {"samples_seen": 0, "train_time": 0.0, "test_acc": math.nan}
     return {"evals": evals, "speed_scale": config.get("speed_scale", 1.0),
-            "real_s": time.monotonic() - started,
-            "final": evals[-1]["test_acc"] if evals else float("nan")}
+            "real_s": time.monotonic() - started, "final": last["test_acc"],
+            # samples per second of training time, to the last evaluation
+            "throughput": last["samples_seen"] / last["train_time"] if last["train_time"]
+            else math.nan}
 
 
 def fmt(x: float | None) -> str:
@@ -68,16 +80,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profiles", default="1,2;1,1;1,2,4,8",
                    help="slowdown profiles, separated by ';'")
-    p.add_argument("--modes", default="sync,diloco")
+    p.add_argument("--modes", default="sync,diloco,esync-outer")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--budget", type=float, default=40.0, help="seconds of training time")
+    p.add_argument("--budget", type=float, default=50.0, help="seconds of training time")
     p.add_argument("--eval-interval", type=float, default=2.0)
     p.add_argument("--step-work", type=float, default=0.006,
                    help="the reference step (s per batch of 64), the same for both clocks")
-    p.add_argument("--targets", default="0.85,0.88,0.9")
-    p.add_argument("--link-latency", default="0.0005",
-                   help="the virtual links' latency: this machine's in-machine sums")
-    p.add_argument("--link-bandwidth", default="1gbit")
+    p.add_argument("--targets", default="0.8,0.85,0.88,0.9")
+    p.add_argument("--links", default="0.0004:4.8gbit;0.0004:4.8gbit;0.0011:9.2gbit",
+                   help="LATENCY:BANDWIDTH of the virtual links per profile (';'), fitted to "
+                        "this machine's in-machine sums: `hetsync bench comm --world-sizes "
+                        "2,4 --sizes 1e2,6.2e4,1e6 --algorithms native` on 2026-11-28 gave "
+                        "2 processes 0.80 ms for 100 floats and 7.48 ms for 1e6 (α 0.4 ms, "
+                        "4.8 Gbit/s), 4 processes 6.54 and 11.78 ms (α 1.1 ms, 9.2 Gbit/s: "
+                        "four processes on two cores wake each other at every hop)")
     p.add_argument("--launch-args", default="", help="more flags for every launch")
     p.add_argument("--log-dir", default="runs/virtual-vs-real")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
@@ -88,31 +104,36 @@ def main() -> int:
                             capture_output=True, text=True).stdout.strip()
     head = (["profile", "mode", "seed"]
             + [f"{c} tta {t:g}" for t in targets for c in ("real", "virtual")]
-            + ["real final", "virtual final", "virtual run real s"])
+            + ["real final", "virtual final", "real samples/s", "virtual samples/s",
+               "virtual run real s"])
+    links = dict(zip(args.profiles.split(";"), (l.split(":") for l in args.links.split(";"))))
+    cases = [(profile, mode, seed) for profile in args.profiles.split(";")
+             for mode in args.modes.split(",") for seed in map(int, args.seeds.split(","))]
+    tag = {c: f"{c[1]}-{c[0].replace(',', '_')}-s{c[2]}" for c in cases}
+    # every real run first, on a quiet machine; the virtual runs after (their records do
+    # not depend on the load, so the machine may then be busy)
+    real = {c: run(args, log_dir, f"real-{tag[c]}", *c, []) for c in cases}
     rows, groups = [], {}
-    for profile in args.profiles.split(";"):
-        for mode in args.modes.split(","):
-            for seed in map(int, args.seeds.split(",")):
-                tag = f"{mode}-{profile.replace(',', '_')}-s{seed}"
-                real = run(args, log_dir, f"real-{tag}", profile, mode, seed, [])
-                virtual = run(args, log_dir, f"virtual-{tag}", profile, mode, seed,
-                              ["--clock", "virtual", "--speed-scale", str(real["speed_scale"]),
-                               "--link-latency", args.link_latency,
-                               "--link-bandwidth", args.link_bandwidth])
-                row = [profile, mode, str(seed)]
-                for t in targets:
-                    a, b = tta(real["evals"], t), tta(virtual["evals"], t)
-                    row += [fmt(a), fmt(b)]
-                    groups.setdefault((profile, mode, t), []).append((a, b))
-                groups.setdefault((profile, mode, "final"), []).append(
-                    (real["final"], virtual["final"]))
-                row += [f"{real['final']:.4f}", f"{virtual['final']:.4f}",
-                        f"{virtual['real_s']:.0f}"]
-                rows.append(row)
-                print(" | ".join(row), flush=True)
+    for c in cases:
+        virtual = run(args, log_dir, f"virtual-{tag[c]}", *c,
+                      ["--clock", "virtual", "--speed-scale", str(real[c]["speed_scale"]),
+                       "--link-latency", links[c[0]][0], "--link-bandwidth", links[c[0]][1]])
+        row = list(map(str, c))
+        for t in targets:
+            a, b = tta(real[c]["evals"], t), tta(virtual["evals"], t)
+            row += [fmt(a), fmt(b)]
+            groups.setdefault((c[0], c[1], t), []).append((a, b))
+        for key in ("final", "throughput"):
+            groups.setdefault((c[0], c[1], key), []).append((real[c][key], virtual[key]))
+        row += [f"{real[c]['final']:.4f}", f"{virtual['final']:.4f}",
+                f"{real[c]['throughput']:,.0f}", f"{virtual['throughput']:,.0f}",
+                f"{virtual['real_s']:.0f}"]
+        rows.append(row)
+        print(" | ".join(row), flush=True)
     lines = [f"virtual clock against real runs, commit {commit}, {time.strftime('%Y-%m-%d')}, "
              f"budget {args.budget:g} s, reference step {args.step_work * 1000:g} ms, virtual "
-             f"links {args.link_latency} s and {args.link_bandwidth}", "",
+             f"links (latency s:bandwidth) per profile: "
+             + ", ".join(f"{k} {':'.join(v)}" for k, v in links.items()), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| profile | mode | target | real median | virtual median | virtual ÷ real |",
@@ -120,7 +141,8 @@ def main() -> int:
     for (profile, mode, t), pairs in groups.items():
         a, b = median([x for x, _ in pairs]), median([y for _, y in pairs])
         ratio = f"{b / a:.2f}" if a and b else "—"
-        shown = (lambda x: "—" if x is None else f"{x:.4f}") if t == "final" else fmt
+        shown = {"final": lambda x: f"{x:.4f}", "throughput": lambda x: f"{x:,.0f}"}.get(
+            t, fmt)
         lines.append(f"| {profile} | {mode} | {t} | {shown(a)} | {shown(b)} | {ratio} |")
     print("\n".join(lines))
     if args.out:

@@ -40,8 +40,8 @@ def test_fold_pairs_extras_with_low_ranks():
 def test_header_round_trip():
     h = Header(op=Op.PUSH_PULL, sender=3, seq=7, kind=Kind.SPARSE, dtype=1, numel=100, nnz=5)
     raw = h.encode()
-    assert raw.dtype == torch.int64 and raw.numel() == wire.HEADER_LEN == 13
-    assert wire.HEADER_BYTES == 104
+    assert raw.dtype == torch.int64 and raw.numel() == wire.HEADER_LEN == 14
+    assert wire.HEADER_BYTES == 112
     assert wire.decode(raw, 3) == h
     assert h.payload_bytes == 5 * (4 + 4)
 
@@ -57,6 +57,12 @@ def test_only_a_push_carries_a_learning_rate():
     pull[Field.RATE] = wire.rate_bits(0.025)
     with pytest.raises(comm.ProtocolError, match="only PUSH_PULL carries a rate"):
         wire.decode(pull, 1)
+
+
+def test_a_header_carries_its_senders_virtual_time_to_the_bit():
+    h = Header(op=Op.PULL, sender=2, seq=4, time=12.345678901234567)
+    assert wire.decode(h.encode(), 2).time == 12.345678901234567
+    assert wire.decode(Header(op=Op.PULL, sender=2, seq=4).encode(), 2).time == 0.0
 
 
 def _bad(field: Field, value: int, **kw) -> torch.Tensor:
@@ -80,6 +86,8 @@ def _bad(field: Field, value: int, **kw) -> torch.Tensor:
     (Field.RATE, wire.rate_bits(1e300), "not a finite number"),
     (Field.CHECKSUM, -1, "not a CRC-32"),
     (Field.CHECKSUM, (1 << 32) + 1, "not a CRC-32"),
+    (Field.TIME, wire.rate_bits(float("inf")), "not a finite number of seconds"),
+    (Field.TIME, wire.rate_bits(-1.5), "not a finite number of seconds"),
 ])
 def test_decode_refuses_with_sender_and_field(field, value, needle):
     with pytest.raises(comm.ProtocolError, match=needle) as info:

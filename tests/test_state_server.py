@@ -466,3 +466,39 @@ def test_the_live_page_needs_the_token_beyond_loopback():
         assert status == 200 and json.loads(data)["workers"][0]["rounds"] == 1
     finally:
         s.stop()
+
+
+def test_a_held_round_is_answered_once_every_worker_has_reported_whatever_their_order():
+    """`/init`'s hold (a run on the virtual clock): the fast worker's report waits for the
+    slow one's, and both plans are what the step times say, whichever came first."""
+    import threading
+
+    s = StateServer(workers=2, epsilon=None, port=0).start()
+    try:
+        plans = {}
+        for first, second in ((0, 1), (1, 0)):
+            clients = [StateClient(s.host, s.port) for _ in range(2)]
+            clients[0].init(workers=2, run=f"run-{first}", hold=30.0)
+            clients[1].run = clients[0].run
+            times = {0: 0.01, 1: 0.04}
+            answers = {}
+
+            def report(rank, rnd):
+                answers[rank, rnd] = clients[rank].report(rank, rnd, 0, times[rank])
+
+            for rnd in (1, 2):  # round 1 warms up (the other's time unknown), round 2 plans
+                early = threading.Thread(target=report, args=(first, rnd))
+                early.start()
+                time.sleep(0.3)
+                assert early.is_alive()  # held: the other worker has not reported
+                report(second, rnd)
+                early.join(10)
+                assert not early.is_alive()
+            plans[first] = {k: (a.steps_left, a.time_left) for k, a in answers.items()}
+            for c in clients:
+                c.close()
+        assert plans[0] == plans[1]  # the order the requests came in changed nothing
+        assert plans[0][0, 2] == (4, pytest.approx(0.04))  # 4 of the fast one's steps fit
+        assert plans[0][1, 2][0] == 1  # the slowest: one step a round
+    finally:
+        s.stop()

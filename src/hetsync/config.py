@@ -370,8 +370,6 @@ class Config:
     def virtual_clock_gap(self) -> str | None:
         """What of this run the virtual clock does not time yet (None: it times all of it)."""
         spec = self.spec
-        if self.needs_ps:
-            return "a parameter server's messages"
         if spec.service is not None and not spec.service.virtual_clock:
             return f"the messages of its service ({spec.service.name})"
         if spec.baseline:
@@ -400,6 +398,13 @@ class Config:
         if gap is not None:
             raise bad("clock", f"wall with -m {self.effective_mode}: the virtual clock does "
                                f"not time {gap} yet")
+        by_time_alone = self.time_budget is not None and (
+            self.epochs, self.target_acc, self.target_loss) == (None, None, None)
+        if self.spec.asynchronous and not by_time_alone:
+            raise bad("clock", f"wall with -m {self.effective_mode} unless it stops by "
+                               f"--time-budget alone (no --epochs, --target-acc, "
+                               f"--target-loss): on the virtual clock each of its workers "
+                               f"stops by its own clock")
         if self.bandwidth is not None:
             raise bad("bandwidth", "none with --clock virtual (its links are "
                                    "--link-bandwidth and --link-latency)")

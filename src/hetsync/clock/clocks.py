@@ -89,6 +89,10 @@ class VirtualClock:
             raise ValueError(f"a clock cannot go back ({seconds} s)")
         self._t += seconds
 
+    def arrive(self, t: float) -> None:
+        """A message this worker waited for arrives at `t` (if later than now)."""
+        self._t = max(self._t, t)
+
     def latest(self, t: float, group, device: torch.device | None = None) -> float:
         """The largest of `t` over `group`'s members (every member calls this, in the same
         order as its other collectives on `group`)."""

@@ -18,6 +18,12 @@ Three uses:
   them, so a fast worker never waits for a slow one.
 - **sparse messages**: any push or reply may be a :class:`~hetsync.comm.wire.SparseMessage`
   (int32 indices, values, dense length in the header).
+- **on a virtual clock** (``link=``, :mod:`hetsync.clock`): every request carries its
+  sender's virtual time; the server serves the one that reaches it first on the virtual
+  clock (ties by rank) once no other open worker can still send an earlier one (a worker
+  sends nothing before its last reply reached it), so the order of pushes (staleness, a
+  buffer's contents) is the virtual clock's, not the real machine's; each reply carries when
+  it reaches its worker.
 
 Example (3 ranks: workers 0, 1; server 2)::
 
@@ -169,7 +175,7 @@ class ParameterServer:
                  known_lost: Callable[[], Iterable[int]] | None = None,
                  gone: Callable[[int, str], None] | None = None,
                  joins: Callable[[list[int]], list[tuple[int, GroupView]]] | None = None,
-                 absent: Iterable[int] = ()):
+                 absent: Iterable[int] = (), link=None):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -201,6 +207,12 @@ class ParameterServer:
         self.rule = rule
         self.timeout = None if timeout is None else resolve_timeout(timeout)
         self.stats = ServerStats(per_worker={w: 0 for w in self.workers})
+        #: a virtual clock's link (`hetsync.clock.Link`): requests are served in the order
+        #: they reach the server on the workers' virtual clocks, and each reply says when it
+        #: reaches its worker (None: the wall clock, in arrival order)
+        self.link = link
+        self._in_free = self._out_free = 0.0  # when the server's link is free, each way
+        self._replied: dict[int, float] = {}   # when the last reply reaches a worker
         self._view: GroupView | None = None
         #: worker -> (view, its group rank) where it is served apart from the default group
         self._links: dict[int, tuple[GroupView, int]] = {}
@@ -219,10 +231,12 @@ class ParameterServer:
         self.stats.bytes_recv += recv
 
     def _reply_ops(self, worker: int, seq: int, payload: Payload,
-                   checked: bool = False) -> list[tuple]:
-        """A REPLY carrying `payload` (`checked`: with its checksum, wire field 12)."""
+                   checked: bool = False, time: float = 0.0) -> list[tuple]:
+        """A REPLY carrying `payload` (`checked`: with its checksum, wire field 12; `time`:
+        when it reaches the worker on the virtual clock, field 13)."""
         header = Header(op=Op.REPLY, sender=self._view.rank, seq=seq, **describe(payload),
-                        checksum=checksum(payload) if checked and payload is not None else 0)
+                        checksum=checksum(payload) if checked and payload is not None else 0,
+                        time=time)
         return [(SEND, header.encode(), worker, TAG_REPLY)] + \
             [(SEND, t, worker, TAG_REPLY_PAYLOAD) for t in payload_tensors(payload)]
 
@@ -269,11 +283,45 @@ class ParameterServer:
 
         def lose(worker: int) -> None:
             """`worker`'s connection failed mid-request: it died; the others go on."""
+            held.pop(worker, None)
             if worker in open_workers:
                 self.stats.lost.append(worker)
                 close(worker)
                 if self.gone is not None:
                     self.gone(worker, "was lost: the parameter server saw its connection close")
+
+        #: the virtual clock's requests waiting their turn: worker -> (arrival, header, payload)
+        held: dict[int, tuple[float, Header, Payload]] = {}
+        #: the earliest a worker's next request can reach the server (the virtual clock)
+        earliest = {w: 0.0 for w in self.workers}
+
+        def handle(src: int, header: Header, payload: Payload) -> bool:
+            """Serve one received request; whether it was a goodbye."""
+            op = OP_NAMES[Op(header.op)]
+            self.stats.requests[op.split("/")[1]] += 1
+            self.stats.per_worker[src] += 1
+            if header.op in (Op.PULL, Op.PUSH_PULL):
+                reply = self._apply(header, src, payload, op)
+                # (a PULL is a worker's whole model, at its start, join or finish: checked)
+                self._send(src, self._reply_ops(src, header.seq, reply,
+                                                checked=header.op == Op.PULL,
+                                                time=self._virtual_reply(src, header, reply)),
+                           op, lose)
+            elif header.op == Op.SUM:
+                next_round[src] += 1
+                r = header.round
+                if any(c <= r for c in closed_at.values()):
+                    self._send(src, self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
+                               op, lose)
+                    return False
+                rounds.setdefault(r, {})[src] = (header.seq, payload)
+                if len(rounds[r]) == len(self.workers):
+                    self._finish_round(rounds.pop(r), op, lose)
+            else:  # BYE
+                self._send(src, self._reply_ops(src, header.seq, None), op, lambda w: None)
+                close(src)
+                return True
+            return False
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         inbox = p2p.Inbox(self.workers, numel=HEADER_LEN, dtype=torch.int64, view=self._view,
@@ -354,30 +402,27 @@ class ParameterServer:
                 except CommError:  # its payload never came: it died mid-request
                     lose(src)
                     continue
-                op = OP_NAMES[Op(header.op)]
                 next_seq[src] += 1
-                self.stats.requests[op.split("/")[1]] += 1
-                self.stats.per_worker[src] += 1
-
-                if header.op in (Op.PULL, Op.PUSH_PULL):
-                    reply = self._apply(header, src, payload, op)
-                    # (a PULL is a worker's whole model, at its start, join or finish: checked)
-                    self._send(src, self._reply_ops(src, header.seq, reply,
-                                                    checked=header.op == Op.PULL), op, lose)
-                elif header.op == Op.SUM:
-                    next_round[src] += 1
-                    r = header.round
-                    if any(c <= r for c in closed_at.values()):
-                        self._send(src, self._error_ops(src, header.seq, Status.ROUND_ABORTED, r),
-                                   op, lose)
-                        continue
-                    rounds.setdefault(r, {})[src] = (header.seq, payload)
-                    if len(rounds[r]) == len(self.workers):
-                        self._finish_round(rounds.pop(r), op, lose)
-                else:  # BYE
-                    self._send(src, self._reply_ops(src, header.seq, None), op, lambda w: None)
-                    close(src)
-                    said_bye = True
+                if self.link is None:
+                    said_bye = handle(src, header, payload) or said_bye
+                    continue
+                # The virtual clock: the request that reaches the server first is served once
+                # no open worker can still send one that arrives before it (conservative: a
+                # worker sends no request before its last reply reached it, nor before its
+                # last request; `earliest`), so the order does not depend on the real one.
+                arrival = self.link.message_seconds(HEADER_BYTES + header.payload_bytes)
+                held[src] = (arrival + header.time, header, payload)
+                earliest[src] = max(earliest[src], held[src][0])
+                while held:
+                    first = min(held, key=lambda w: (held[w][0], w))
+                    others = [(earliest[w], w) for w in open_workers if w not in held]
+                    if others and min(others) < (held[first][0], first):
+                        break  # one of them may yet send an earlier request
+                    _, header, payload = held.pop(first)
+                    said_bye = handle(first, header, payload) or said_bye
+                    replied = self._replied.pop(first, None)
+                    if replied is not None:
+                        earliest[first] = max(earliest[first], replied + arrival)
         finally:
             inbox.close()
         return self.stats
@@ -463,6 +508,23 @@ class ParameterServer:
                                     f"elements for round {header.round}", peer=src,
                                     field="numel", value=header.numel)
 
+    def _virtual_reply(self, worker: int, header: Header, reply: Payload) -> float:
+        """On the virtual clock, when the reply to `header`'s request reaches its worker: the
+        request comes in through the server's link after the ones before it, is served at
+        once (the rule's work is taken as free), and its reply goes out through the same
+        link after the replies before it (0.0: the wall clock)."""
+        if self.link is None:
+            return 0.0
+        reply_bytes = HEADER_BYTES + Header(op=Op.REPLY, sender=0, seq=0,
+                                            **describe(reply)).payload_bytes
+        per_byte = 1.0 / self.link.bytes_per_s
+        received = (max(header.time + self.link.latency_s, self._in_free)
+                    + (HEADER_BYTES + header.payload_bytes) * per_byte)
+        self._in_free = received
+        self._out_free = max(received, self._out_free) + reply_bytes * per_byte
+        self._replied[worker] = self._out_free + self.link.latency_s
+        return self._replied[worker]
+
     def _apply(self, header: Header, src: int, payload: Payload, op: str) -> Payload:
         """The rule's answer, checked to be sendable; on failure ERROR to ``src``, raise."""
         try:
@@ -526,6 +588,10 @@ class PSClient:
         self._seq = 0
         self._round = 0
         self._lock = threading.Lock()
+        #: a virtual clock (`hetsync.clock.VirtualClock`): each request carries its time, and
+        #: a PULL's or PUSH_PULL's reply moves it to when the reply arrives (a SUM's is the
+        #: collective's, timed by its caller)
+        self.clock = None
 
     def use_link(self, view: GroupView) -> None:
         """Talk to the server over `view` from now on, its requests numbered afresh: a
@@ -542,6 +608,7 @@ class PSClient:
         t = resolve_timeout(timeout if timeout is not None else self.timeout)
         server, peer = self.server_rank, self._server
         header = Header(op=op, sender=self.rank, seq=self._seq, round=round, rate=rate,
+                        time=self.clock.now() if self.clock is not None else 0.0,
                         **describe(payload))
         raw = torch.empty(HEADER_LEN, dtype=torch.int64)
         deadline = time.monotonic() + t
@@ -571,6 +638,8 @@ class PSClient:
         p2p.transfer([(RECV, b, peer, TAG_REPLY_PAYLOAD) for b in bufs], view=self._view,
                      op=name, timeout=t)
         verify(reply, result, server)
+        if self.clock is not None and op in (Op.PULL, Op.PUSH_PULL):
+            self.clock.arrive(reply.time)
         return result
 
     def pull(self, *, timeout: float | None = None) -> Payload:

@@ -2,7 +2,7 @@
 
 No pickle and no Python objects cross the wire. Every message is
 
-1. a header: an int64 tensor of :data:`HEADER_LEN` = 13 fields (:data:`HEADER_BYTES` = 104
+1. a header: an int64 tensor of :data:`HEADER_LEN` = 14 fields (:data:`HEADER_BYTES` = 112
    bytes), laid out as :class:`Field`:
 
    ====  ==============  =========================================================
@@ -27,6 +27,9 @@ No pickle and no Python objects cross the wire. Every message is
                          sets it on its reply to a PULL (the whole model, which a
                          worker takes at its start, its join and its finish), and a
                          receiver checks any it gets
+   13    time            on a virtual clock (`hetsync.clock`): the sender's time when
+                         it sent (a request), or when the reply reaches the worker (a
+                         reply), the bits of a finite float64 >= 0; else 0
    ====  ==============  =========================================================
 
 2. the payload, on a separate tag: nothing (EMPTY); one tensor of ``numel`` elements of
@@ -50,9 +53,9 @@ import torch
 from .errors import ProtocolError
 
 MAGIC = 0x48535943  # "HSYC"
-VERSION = 3  # 2: field 11 carries a push's learning rate; 3: field 12 a checksum
+VERSION = 4  # 2: field 11 carries a push's learning rate; 3: field 12 a checksum; 4: 13 a time
 MAGIC_VERSION = (MAGIC << 16) | VERSION
-HEADER_LEN = 13
+HEADER_LEN = 14
 HEADER_BYTES = HEADER_LEN * 8
 #: Upper bound on numel accepted from the wire (guards against absurd allocations).
 MAX_NUMEL = 1 << 40
@@ -75,6 +78,7 @@ class Field(enum.IntEnum):
     DETAIL = 10
     RATE = 11
     CHECKSUM = 12
+    TIME = 13
 
 
 class Op(enum.IntEnum):
@@ -166,11 +170,13 @@ class Header:
     detail: int = 0
     rate: float | None = None
     checksum: int = 0
+    time: float = 0.0
 
     def encode(self) -> torch.Tensor:
         return torch.tensor([MAGIC_VERSION, self.op, self.sender, self.seq, self.kind,
                              self.dtype, self.numel, self.nnz, self.round, self.status,
-                             self.detail, rate_field(self.rate), self.checksum],
+                             self.detail, rate_field(self.rate), self.checksum,
+                             rate_bits(float(self.time)) if self.time else 0],
                             dtype=torch.int64)
 
     @property
@@ -334,7 +340,11 @@ def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS
     if not 0 <= v[Field.CHECKSUM] <= 1 << 32 or (kind == Kind.EMPTY and v[Field.CHECKSUM]):
         raise _refuse(source, Field.CHECKSUM, v[Field.CHECKSUM],
                       "not a CRC-32 + 1 in [1, 2^32] of a payload, or 0 (none)")
+    time = bits_rate(v[Field.TIME])
+    if not (math.isfinite(time) and time >= 0):
+        raise _refuse(source, Field.TIME, v[Field.TIME],
+                      f"the time {time!r} is not a finite number of seconds >= 0")
     return Header(op=op, sender=source, seq=v[Field.SEQ], kind=kind, dtype=dtype,
                   numel=numel, nnz=nnz, round=v[Field.ROUND], status=v[Field.STATUS],
                   detail=v[Field.DETAIL], rate=abs(rate) if v[Field.RATE] != 0 else None,
-                  checksum=v[Field.CHECKSUM])
+                  checksum=v[Field.CHECKSUM], time=abs(time))

@@ -100,6 +100,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                              f"parameter server: give its rank")
         # `connect` also makes it the client that all_reduce(..., "ps") uses.
         comm.ps_client = connect(ps_rank) if collective == "ps" else PSClient(ps_rank)
+        if timer.clock is not None:  # (its requests carry the worker's virtual time)
+            comm.ps_client.clock = timer.clock
     if spec.service is not None:  # (`service`: where it listens)
         comm.service = spec.service.connect(*service, timeout, service_token)
         comm.service.wait_until_up(deadline_s=min(timeout, 60.0))
@@ -116,7 +118,7 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
 def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
                      worker_ranks: list[int], timeout: float, gone=None,
-                     joins: bool = False, absent: list[int] = ()):
+                     joins: bool = False, absent: list[int] = (), link=None):
     """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
     `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
@@ -125,7 +127,8 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     it), or at once where the launcher has marked it dead in the store. `joins`: in an
     asynchronous mode, its new process may link to the server and be served again
     (`runtime/server_link.py`; `hetsync worker --join`), and so may the `absent` ones (the
-    spares a run starts without) once they link. `gone`: see `ParameterServer`."""
+    spares a run starts without) once they link. `gone`, `link` (a virtual clock's: the
+    order of service is the workers' virtual one): see `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -149,7 +152,7 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
                            linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=linked,
-                           absent=absent)
+                           absent=absent, link=link)
 
 
 def serve_and_record(server, run_dir: Path | None):

@@ -87,9 +87,11 @@ def available_cores() -> int:
 def affinities(cfg: Config) -> dict[str, list[int]]:
     """The cores of each process `launch` starts (`placement`), by its name (`rank-R`, `ps`,
     the mode's service, `evaluator`); empty where nothing is placed (no emulated devices,
-    GPUs, or one core)."""
+    GPUs, one core, or the virtual clock: a device's speed is its modelled time there, and
+    the simulation runs fastest where every process may use every core)."""
     cores = usable_cores(cfg.cores)
-    if not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or len(cores) < 2:
+    if (not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or len(cores) < 2
+            or cfg.clock == "virtual"):
         return {}
     devices, shared = placement(tuple(cfg.slowdown_of(r) for r in range(cfg.workers)),
                                 cfg.threads, cores)

@@ -113,7 +113,8 @@ class TrainingLoop:
         if self.path is None:
             self.control = LocalControl()
         elif self.path is ControlPath.STORE:
-            self.control = StoreControl(store, rank)
+            self.control = StoreControl(store, rank,
+                                        virtual=mode.comm.clock.source.virtual)
         else:
             self.control = CollectiveControl()
         self._in_flight = None  # the background channel's future of the last proposal's sum
@@ -236,9 +237,11 @@ class TrainingLoop:
 
     # ------------------------------------------------------------------ the leader's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
-        if not self.leads:
-            return Proposal(samples, False, False)
         cfg, train_time = self.cfg, st.train_time(now)
+        if not self.leads:  # (on a virtual clock, an asynchronous worker stops by its own)
+            own = (self.path is ControlPath.STORE and self.mode.comm.clock.source.virtual
+                   and cfg.time_budget is not None and train_time >= cfg.time_budget)
+            return Proposal(samples, False, own)
         seen = st.samples_seen + samples  # this round's own samples are not counted yet
         stop = ((cfg.time_budget is not None and train_time >= cfg.time_budget)
                 or (cfg.epochs is not None and seen >= cfg.epochs * self.train_size)

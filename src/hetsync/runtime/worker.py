@@ -509,7 +509,8 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path,
     (`spares`: workers it serves once they link)."""
     serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
                                       list(range(cfg.workers)), cfg.timeout,
-                                      joins=cfg.admits_workers, absent=spares or ()), run_dir)
+                                      joins=cfg.admits_workers, absent=spares or (),
+                                      link=getattr(cfg.make_clock(), "link", None)), run_dir)
 
 
 def _clock_info(cfg: Config, mode, real_s: float) -> dict:

@@ -67,7 +67,10 @@ class ClusterProgress:
         rnd = max(self.rounds.values(), default=0)
         steps = " ".join(f"w{r}:{s}" for r, s in self.steps_last.items())
         budget = f"/{self.cfg.time_budget:.0f}" if self.cfg.time_budget else ""
-        return (f"[{mode}] {elapsed:5.0f}{budget}s | round {rnd:6d} | {acc} | "
+        # on a virtual clock, how far its time is, and the real time the simulation has taken
+        when = (f"{self.t_end:5.1f}{budget}s virtual, {elapsed:.0f}s real"
+                if self.cfg.clock == "virtual" else f"{elapsed:5.0f}{budget}s")
+        return (f"[{mode}] {when} | round {rnd:6d} | {acc} | "
                 f"{rate:7.0f} samples/s | steps/round {steps}")
 
     def update(self, final: bool = False) -> None:

@@ -54,6 +54,17 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
           f"{_num(s['throughput'], ',.0f')} samples/s | utilisation "
           f"{_num(s['utilisation'], '.2f')} of {_num(s['throughput_limit'], ',.0f')} | traffic "
           f"{_num(s['traffic_Bps'] and s['traffic_Bps'] / 1e6, '.2f')} MB/s", file=stream)
+    clock = s.get("clock") or {}
+    if clock.get("kind") == "virtual":
+        from hetsync.clock import Link
+
+        link = Link(clock["latency_s"], clock["bandwidth_bps"])
+        print(f"virtual clock: every time above is modelled (links {link.describe()}, step "
+              f"jitter {clock.get('step_jitter', 0):g}, reference step "
+              f"{1000 * (clock.get('step_work') or 0):.2f} ms); {s['wall_s']:.1f} virtual s "
+              f"in {clock.get('real_s', 0):.1f} real s ("
+              f"{s['wall_s'] / max(clock.get('real_s') or 0, 1e-9):.2f} virtual s per real s)",
+              file=stream)
     print(f"time to {metric.short} {'>=' if metric.higher_is_better else '<='} {tta}",
           file=stream)
     final = (f"final loss {_num(s['final_loss'], '.4f')} ({_num(bits(s['final_loss']), '.3f')} "

@@ -243,6 +243,8 @@ def summarize_log(log: RunLog, targets: Iterable[float] | None = None) -> dict[s
         "synced_fraction": per_worker[0].get("mean_synced") if per_worker else None,
         "speed_scale": float(config.get("speed_scale") or 1.0),
         "step_work": config.get("step_work"),
+        # what timed the run (`hetsync.clock`): on a virtual clock, what it modelled
+        "clock": run.get("clock") or {"kind": "wall"},
         "warnings": emulation_warnings(per_worker),
         "per_worker": per_worker,
     }
