@@ -67,6 +67,25 @@ def run(args, log_dir: Path, name: str, profile: str, mode: str, seed: int,
             else math.nan}
 
 
+def calibrated(real_dir: Path, sync_dir: Path) -> list[str]:
+    """Launch flags that give a virtual run what the real runs measured: each device at the
+    speed its records show (its nominal slowdown ÷ the share of its nominal speed it kept),
+    and a link latency that makes a ring sum cost what the real sync run's slowest worker
+    spent in one per round (the median; it waits for nobody), at 10 Gbit/s."""
+    summary = json.loads((real_dir / "summary.json").read_text())
+    slowdowns = [w["slowdown"] / (w.get("speed_of_nominal") or 1.0)
+                 for w in summary["per_worker"]]
+    sync = json.loads((sync_dir / "summary.json").read_text())
+    slowest = max(sync["per_worker"], key=lambda w: w["slowdown"])["rank"]
+    records = [json.loads(line) for line in
+               (sync_dir / f"worker-{slowest}.jsonl").read_text().splitlines()]
+    cost = statistics.median(r["comm_s"] for r in records[2:])
+    workers = len(slowdowns)
+    latency = max(cost, 0.0) / (2 * (workers - 1)) if workers > 1 else 0.0
+    return ["--slowdowns", ",".join(f"{x:.4f}" for x in slowdowns), "--speed-scale", "1",
+            "--link-latency", f"{latency:.6f}", "--link-bandwidth", "10gbit"]
+
+
 def fmt(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f}"
 
@@ -94,6 +113,11 @@ def main() -> int:
                         "2 processes 0.80 ms for 100 floats and 7.48 ms for 1e6 (α 0.4 ms, "
                         "4.8 Gbit/s), 4 processes 6.54 and 11.78 ms (α 1.1 ms, 9.2 Gbit/s: "
                         "four processes on two cores wake each other at every hop)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="give each virtual run what its real twin's records measured instead "
+                        "of the nominal model: each device at the speed it ran at (samples per "
+                        "second of computing), and links whose latency makes a sum cost what "
+                        "the real sync run's slowest worker spent in one (it waits for nobody)")
     p.add_argument("--launch-args", default="", help="more flags for every launch")
     p.add_argument("--log-dir", default="runs/virtual-vs-real")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
@@ -115,9 +139,14 @@ def main() -> int:
     real = {c: run(args, log_dir, f"real-{tag[c]}", *c, []) for c in cases}
     rows, groups = [], {}
     for c in cases:
-        virtual = run(args, log_dir, f"virtual-{tag[c]}", *c,
-                      ["--clock", "virtual", "--speed-scale", str(real[c]["speed_scale"]),
-                       "--link-latency", links[c[0]][0], "--link-bandwidth", links[c[0]][1]])
+        if args.calibrate:
+            extra = calibrated(log_dir / f"real-{tag[c]}",
+                               log_dir / f"real-sync-{c[0].replace(',', '_')}-s{c[2]}")
+        else:
+            extra = ["--speed-scale", str(real[c]["speed_scale"]),
+                     "--link-latency", links[c[0]][0], "--link-bandwidth", links[c[0]][1]]
+        virtual = run(args, log_dir, f"{'calibrated' if args.calibrate else 'virtual'}-{tag[c]}",
+                      *c, ["--clock", "virtual", *extra])
         row = list(map(str, c))
         for t in targets:
             a, b = tta(real[c]["evals"], t), tta(virtual["evals"], t)
