@@ -1,12 +1,11 @@
 """ESync's readiness rule with scripted times (pure logic, no processes)."""
 
-import contextlib
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from hetsync.algorithms.base import Step
+from hetsync.algorithms.base import PhaseClock, Step
 from hetsync.algorithms.esync import StatePlan
 from hetsync.state.client import StateServerUnreachable
 from hetsync.state.policy import (Decision, ReadinessTracker, WorkerRecord, auto_epsilon, decide,
@@ -191,12 +190,6 @@ def test_a_planned_step_may_overrun_the_round_by_a_pth_of_itself():
 
 
 # ---- a worker's round length while the state server cannot be reached (scripted client)
-class _Clock:
-    @contextlib.contextmanager
-    def phase(self, name):
-        yield
-
-
 class _Server:
     """Answers every report with a plan of 40 ms left, or, while `up` is False, does not
     answer (as `StateClient` when it cannot connect within its retries)."""
@@ -231,7 +224,7 @@ def _round(plan, step_s=0.010):
 def test_a_worker_follows_the_last_plan_while_the_state_server_is_down_and_retries_later(
         monkeypatch):
     server = _Server()
-    plan = StatePlan(SimpleNamespace(clock=_Clock(), service=server, rank=0,
+    plan = StatePlan(SimpleNamespace(clock=PhaseClock(), service=server, rank=0,
                                      device_name="cpu"))
     plan.round_over(0)   # the first report
     assert [_round(plan) for _ in range(2)] == [4, 4]   # 40 ms left: four 10 ms steps

@@ -221,7 +221,10 @@ def test_every_field_of_the_loops_round_record_is_a_standard_one():
     from hetsync.runtime.rounds import RoundAccount
     from hetsync.telemetry.runlog import ROUND_FIELDS
 
-    clock = types.SimpleNamespace(take=lambda: {"wait": 0.1})
+    from hetsync.algorithms.base import PhaseClock
+
+    clock = PhaseClock()
+    clock.add("wait", 0.1)
     mode = types.SimpleNamespace(comm=types.SimpleNamespace(clock=clock, device_name="cpu"),
                                  lr=0.1, round_record=lambda: {})
     rnd = RoundAccount()
