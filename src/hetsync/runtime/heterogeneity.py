@@ -158,10 +158,15 @@ class StepTimer:
         if self._jitter > 0:  # lognormal of mean 1: exp(σz − σ²/2)
             seconds *= math.exp(self._jitter * self._rng.gauss(0.0, 1.0)
                                 - self._jitter ** 2 / 2)
-        if self._delays is not None:
-            delay = next(self._delays)
-            seconds += delay * (self.factor * self.work if self.straggler.relative else 1.0)
-        return seconds
+        return seconds + self._straggle(self.work)
+
+    def _straggle(self, work: float) -> float:
+        """This step's random straggler delay, in seconds (0: none drawn, or no straggler);
+        a relative delay is a multiple of the device's step of `work`."""
+        if self._delays is None:
+            return 0.0
+        delay = next(self._delays)
+        return delay * (self.factor * work if self.straggler.relative else 1.0)
 
     def emulate(self, share: float = 1.0) -> None:
         if self._slept:
@@ -180,9 +185,7 @@ class StepTimer:
             self._work.append((wall if cpu is None else min(cpu, wall)) / share)
             self._typical = statistics.median(self._work)
         sleep = emulated_sleep(self.factor, wall, self._typical * share)
-        if self._delays is not None:
-            delay = next(self._delays)
-            sleep += delay * (self.factor * self._typical if self.straggler.relative else 1.0)
+        sleep += self._straggle(self._typical)
         # A sleep wakes late (by a scheduler's tick where cores are shared); a real device
         # computes on: the overrun is taken off the next sleeps, so the device keeps its speed.
         owed = min(self._late, sleep)
