@@ -3,7 +3,8 @@ elsewhere): two network namespaces joined by veth pairs to a bridge
 (`runtime.network.LimitedNetwork`), the state server on the bridge's own address (a third
 machine: ESync's planner, and the live page every worker posts to), the README's `torchrun
 --nnodes 2` command on each host, each host's records in its own directory, gathered into one
-(`hetsync gather`) — and its summary beside a one-host `hetsync launch` of the same size."""
+(`hetsync gather`) — and its summary beside a one-host `hetsync launch` of the same size, both
+on the virtual clock."""
 
 import json
 import os
@@ -31,9 +32,11 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(_unavailable() is not None,
                                  reason=f"cannot make network namespaces here: {_unavailable()}")]
 
+# on the virtual clock with one given step time, so that both runs model the same devices
+# and links whatever else this machine is doing: their throughputs can be compared
 BUDGET = "5"
 COMMON = ["-n", "lenet", "--time-budget", BUDGET, "--eval-interval", "2.5", "--timeout", "60",
-          "--batch-size", "64"]
+          "--batch-size", "64", "--clock", "virtual", "--step-work", "0.01"]
 
 
 def _hetsync(*args, **kw) -> subprocess.CompletedProcess:
@@ -116,4 +119,5 @@ def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mod
     ratio = two["throughput"] / single["throughput"]
     print(f"{mode}: two hosts {two['throughput']:.0f} samples/s, one host "
           f"{single['throughput']:.0f} samples/s, ratio {ratio:.2f}")
-    assert 0.5 <= ratio <= 2.0, (two["throughput"], single["throughput"])
+    # the same devices and links modelled: the same speed within the asynchronous modes' noise
+    assert ratio == pytest.approx(1.0, rel=0.05), (two["throughput"], single["throughput"])
