@@ -214,6 +214,27 @@ def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round
     assert run["train_time"] >= 1.5  # the budget is virtual seconds
 
 
+@pytest.mark.parametrize("mode", ["ddp", "post-local-sgd"])
+def test_pytorchs_own_schemes_run_unchanged_and_their_sums_cost_the_models_time(tmp_path, mode):
+    """DDP's hook and PostLocalSGDOptimizer's average are PyTorch's code; the clock meets at
+    the hook's barrier (the fast device waits out the slow one's step) and prices each sum."""
+    two = dict(workers=2, slowdowns=(1.0, 2.0))
+    first, second = (_run(tmp_path, name, mode=mode, **two) for name in ("first", "second"))
+    for r in (0, 1):
+        name = f"worker-{r}.jsonl"
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    fast, slow = (_records(first, f"worker-{r}.jsonl")[2:] for r in (0, 1))
+    assert len(fast) >= 5 and len(fast) == len(slow)
+    for f, w in zip(fast, slow):
+        steps = f["local_steps"]  # (post-local SGD: K local steps a round; DDP: one)
+        assert f["compute_s"] == pytest.approx(0.01 * steps) and \
+            w["compute_s"] == pytest.approx(0.02 * steps)
+        # the fast device waits out its peer's longer steps (both pay the barrier's cost)
+        assert f["wait_s"] - w["wait_s"] == pytest.approx(0.01 * steps, abs=1e-9)
+        assert f["t_end"] == w["t_end"] and f["comm_s"] == pytest.approx(w["comm_s"])
+    assert _records(first, "eval.jsonl")[-1]["test_acc"] > 0.3
+
+
 @pytest.mark.parametrize("mode,extra", [
     ("diloco", {}), ("diloco", {"options": {"overlap": True}}),
     # ESync's plan from the state server, which holds a round's reports until all are in
@@ -261,8 +282,6 @@ def test_an_asynchronous_run_on_the_virtual_clock_trains_the_same_again(tmp_path
 
 @pytest.mark.parametrize("args,needle", [
     ({"clock": "sundial"}, "--clock: invalid value 'sundial'; expected wall or virtual"),
-    ({"clock": "virtual", "mode": "ddp"}, "the virtual clock does not time DDP's own "
-                                          "communication yet"),
     ({"clock": "virtual", "mode": "async", "epochs": 1.0},
      "unless it stops by --time-budget alone"),
     ({"clock": "virtual", "mode": "eager-solo"}, "eager-SGD's partial rounds"),

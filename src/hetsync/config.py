@@ -372,8 +372,6 @@ class Config:
         spec = self.spec
         if spec.service is not None and not spec.service.virtual_clock:
             return f"the messages of its service ({spec.service.name})"
-        if spec.baseline:
-            return "DDP's own communication"
         return spec.worker.untimed_by_virtual_clock
 
     # ------------------------------------------------------------------ validation

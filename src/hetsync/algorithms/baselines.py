@@ -32,6 +32,11 @@ stopping rule, records):
     would be the worker alone. Buffers (BatchNorm statistics) are synced once at construction,
     then stay local.
 
+On the virtual clock (:mod:`hetsync.clock`) the hook's barrier is the meeting of the
+workers' clocks, and each bucket's all-reduce then costs every worker the same modelled time
+(the ``native`` collective's formula for the bucket's bytes); post-local SGD's parameter
+average is a meeting priced likewise. PyTorch's own code runs unchanged.
+
 Traffic: DDP does not expose what it moves, so both count the theoretical ring all-reduce
 volume 2(P − 1)/P · n · 4 bytes per all-reduce of n float32 values in the byte meter (under
 ``ddp/all_reduce``), as hetsync's ``native`` collective does.
@@ -46,6 +51,7 @@ import torch
 
 from hetsync.algorithms.base import Action, Mode, Step
 from hetsync.algorithms.registry import ModeSpec, register
+from hetsync.clock import all_reduce_seconds
 
 _DDP_API = "torch.nn.parallel.DistributedDataParallel"
 
@@ -78,9 +84,13 @@ class _SlowdownHook:
                 comm.barrier()
         fut = self.inner(self.inner_state, bucket)
         if communicating:
+            buffer = bucket.buffer()
+            nbytes = buffer.numel() * buffer.element_size()
             with comm.clock.phase("comm"):
                 fut.wait()
-            buffer = bucket.buffer()
+                source = comm.clock.source
+                if source.virtual:  # (the clocks met at the barrier: the same cost for all)
+                    source.spend(all_reduce_seconds("native", comm.workers, nbytes, source.link))
             _meter_ring(buffer.numel(), comm.workers, buffer.element_size())
         return fut
 
@@ -190,6 +200,8 @@ class PostLocalSGD(DistributedDataParallelSGD):
         if action is Action.AVERAGE_MODELS:  # the optimizer averages the parameters
             with self.comm.clock.phase("comm"):
                 self.optimizer.step()
+                self.comm._meet(all_reduce_seconds, "native",
+                                torch.empty(self.n_params, dtype=torch.float32, device="meta"))
             _meter_ring(self.n_params, self.comm.workers)
         else:
             self.optimizer.step()
