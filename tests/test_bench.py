@@ -393,6 +393,35 @@ def test_bench_repeats_each_run_with_the_next_seeds(tmp_path):
     assert modes.main(["--report", "nope", "--results-dir", str(results)]) == 2
 
 
+@pytest.mark.slow
+def test_a_bench_at_another_link_takes_the_same_virtual_runs_instead_of_running_them(
+        tmp_path, capsys):
+    """The fastest device's runs cross no link: a bench at 100 Mbit/s takes them from one at
+    10 Gbit/s (--reuse), and runs its cluster's rows, which the link changes."""
+    flags = [f for f in BENCH_FLAGS if f not in ("--quiet",)] + [
+        "--clock", "virtual", "--step-work", "0.01", "--modes", "sync", "--baselines", "",
+        "--reference", "sgd", "-ld", str(tmp_path / "runs"),
+        "--results-dir", str(tmp_path / "results")]
+    assert modes.main(flags + ["--name", "fast", "--link-bandwidth", "10gbit"]) == 0
+    capsys.readouterr()
+    fast = tmp_path / "runs" / "bench-fast"
+    assert modes.main(flags + ["--name", "slow", "--link-bandwidth", "100mbit",
+                               "--reuse", str(fast)]) == 0
+    out = capsys.readouterr().out
+    slow = tmp_path / "runs" / "bench-slow"
+    assert f"fastest-sgd: the same virtual run as {fast / 'fastest-sgd'}, taken" in out
+    assert "sync: the same virtual run" not in out  # its sums cross the slower link
+    for name in ("eval.jsonl", "worker-0.jsonl"):
+        assert (slow / "fastest-sgd" / name).read_bytes() == \
+            (fast / "fastest-sgd" / name).read_bytes()
+    rounds = [len((d / "sync" / "worker-0.jsonl").read_text().splitlines()) for d in (fast, slow)]
+    assert rounds[1] < rounds[0]  # fewer steps in the same virtual time behind a slow link
+    with pytest.raises(SystemExit):
+        modes.main(flags + ["--name", "x", "--reuse", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--reuse" in err[-1] and "nowhere: not a directory" in err[-1]
+
+
 def test_a_failed_runs_note_ends_with_the_exception_its_log_ends_with():
     error = ("seed 2: rank-0 exited with code 1; the others were stopped. Its log (r.log) ends "
              "with:\n  File \"x.py\", line 3\nImportError: cannot import name 'X'\n"

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 import warnings
@@ -98,6 +99,15 @@ def _names(valid: tuple[str, ...], allow_empty: bool):
     return parse
 
 
+def _dirs(text: str) -> tuple[Path, ...]:
+    dirs = tuple(Path(d) for d in text.split(",") if d)
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{', '.join(missing)}: not a directory; expected "
+                                         f"run directories of an earlier bench")
+    return dirs
+
+
 def _positive(kind):
     def parse(text: str):
         try:
@@ -144,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--repeats", type=_positive(int), default=1,
       help="runs per mode, seeds SEED..SEED+N-1; the table shows medians and ranges "
       "(default: 1)")
+    a("--reuse", type=_dirs, default=(),
+      help="DIR,...: earlier runs (e.g. another bench's runs/bench-NAME) whose complete "
+      "virtual-clock runs of the same configuration are taken instead of run again (a "
+      "virtual run's records depend on nothing else; a one-device run crosses no link)")
     a("--name", default=None, help="name of this bench (default: the date and time)")
     a("--results-dir", default="results",
       help="where the table, JSON and figures go (default: results)")
@@ -307,15 +321,56 @@ def fitted_base(base: Config, split, given_scale: bool) -> tuple[Config, list[st
     return base, [line for line in (fitted and fitted.describe(), step) if line]
 
 
+#: what a virtual run's records do not depend on: where it is written, the servers' ports,
+#: how long a process waits for a dead peer; and, for one device, the links it never crosses
+_NOT_THE_RUN = ("log_dir", "run_name", "service_ip", "service_port", "timeout", "cores",
+                "live_report")
+_ONE_DEVICE = ("link_bandwidth", "link_latency", "collective")
+
+
+def _what_it_computes(cfg: dict) -> dict:
+    ignored = _NOT_THE_RUN + (_ONE_DEVICE if cfg.get("workers") == 1 else ())
+    return {k: v for k, v in cfg.items() if k not in ignored}
+
+
+def same_virtual_run(cfg: Config, sources: tuple[Path, ...]) -> Path | None:
+    """A complete run under `sources` of the same configuration as `cfg` on the virtual
+    clock (whose records are a function of it: tests/test_virtual_clock.py), or None."""
+    if cfg.clock != "virtual" or not sources:
+        return None
+    from hetsync.telemetry.summarize import summarize
+
+    mine = _what_it_computes(json.loads(json.dumps(cfg.to_dict())))
+    for source in sources:
+        for saved in sorted(source.rglob("config.json")):
+            try:
+                theirs = _what_it_computes(json.loads(saved.read_text()))
+            except (OSError, ValueError):
+                continue
+            if theirs == mine and (saved.parent / "summary.json").is_file() and \
+                    summarize(saved.parent)["complete"]:
+                return saved.parent
+    return None
+
+
 def execute(run: Run, k: int, n: int, *, train_size: int | None, quiet: bool,
-            stream=None, label: str | None = None) -> res.RunResult:
-    """Run one plan entry; a failed run is returned with its error (the bench goes on)."""
+            stream=None, label: str | None = None, reuse: tuple[Path, ...] = ()
+            ) -> res.RunResult:
+    """Run one plan entry (or take the same virtual run from `reuse`); a failed run is
+    returned with its error (the bench goes on)."""
     stream = stream or sys.stdout
     from hetsync.runtime.launcher import LaunchError, launch
     from hetsync.telemetry.summarize import summarize
 
     result = res.RunResult(run.label, run.kind, run.choice.lr, run.choice.how)
     run_dir = Path(run.cfg.log_dir) / run.cfg.run_name
+    earlier = same_virtual_run(run.cfg, reuse)
+    if earlier is not None:
+        shutil.copytree(earlier, run_dir)
+        print(f"[{k}/{n}] {label or run.label}: the same virtual run as {earlier}, taken",
+              file=stream, flush=True)
+        result.run_dir, result.summary = run_dir, summarize(run_dir)
+        return result
     progress = RunProgress(run_dir, label or run.label, k, n, run.cfg.workers,
                            time_budget=run.cfg.time_budget, epochs=run.cfg.epochs,
                            train_size=train_size, stream=stream, enabled=not quiet,
@@ -356,7 +411,8 @@ def run_sweep(args, base: Config, rows: list[Entry], root: Path, train_size, str
             run = make_run(args, sweep_base, e.label, e.rate(LrChoice(lr, "sweep")),
                            mode=e.mode, run_name=f"{e.label}-lr{lr:g}", **e.changes)
             out = execute(run, k, total, train_size=train_size, quiet=args.quiet,
-                          stream=stream, label=f"sweep {e.label} lr {run.cfg.lr:g}")
+                          stream=stream, label=f"sweep {e.label} lr {run.cfg.lr:g}",
+                          reuse=args.reuse)
             accuracies[lr] = out.summary[f"final_{metric.short}"] if out.summary else None
         try:
             choices[e.label] = e.rate(best_of_sweep(accuracies, metric.higher_is_better))
@@ -432,7 +488,7 @@ def bench(args, argv: list[str], stream=None) -> int:
         run = make_run(args, base, e.label, choices[e.rate_of or e.label], mode=e.mode,
                        seed=seed, run_name=run_name, **e.changes)
         out = execute(run, k, len(plan), train_size=train_size, quiet=args.quiet,
-                      stream=stream, label=run_name)
+                      stream=stream, label=run_name, reuse=args.reuse)
         out.seed = seed
         results.append(out)
     machine = {**res.machine_info(), "load average before": res.load_text(load_before),
