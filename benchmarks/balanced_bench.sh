@@ -11,10 +11,10 @@ cd "$(dirname "$0")/.."
 common=(--baselines= --eval-interval 2 --targets 0.85,0.88,0.9 --repeats 3 --step-work 0.006
         "$@")
 uptime
-.venv/bin/hetsync bench --name balanced-diloco-45s --time-budget 45 --modes diloco \
+.venv/bin/hetsync bench --results-dir results --name balanced-diloco-45s --time-budget 45 --modes diloco \
     --overlap 0 --balanced-batches 1 --partition shared --reference= -l 0.1 "${common[@]}"
-.venv/bin/hetsync bench --name balanced-device-60s --time-budget 60 --modes= \
+.venv/bin/hetsync bench --results-dir results --name balanced-device-60s --time-budget 60 --modes= \
     --reference lookahead -l 0.05 "${common[@]}"
-.venv/bin/hetsync bench --name balanced-default-60s --time-budget 60 --modes esync-outer \
+.venv/bin/hetsync bench --results-dir results --name balanced-default-60s --time-budget 60 --modes esync-outer \
     --reference= -l 0.1 "${common[@]}"
 uptime

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 common=(--baselines= --eval-interval 2 --targets 0.85,0.88,0.9 --repeats 3
         --workers 2 --slowdowns 1,1 "$@")
 uptime
-.venv/bin/hetsync bench --name equal2-diloco-45s --time-budget 45 --modes diloco \
+.venv/bin/hetsync bench --results-dir results --name equal2-diloco-45s --time-budget 45 --modes diloco \
     --overlap 0 --reference= -l 0.1 "${common[@]}"
-.venv/bin/hetsync bench --name equal2-device-60s --time-budget 60 --modes= \
+.venv/bin/hetsync bench --results-dir results --name equal2-device-60s --time-budget 60 --modes= \
     --reference lookahead -l 0.05 "${common[@]}"
 uptime

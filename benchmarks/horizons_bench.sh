@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uptime
-.venv/bin/hetsync bench --name horizons-1248 --modes esync-outer --baselines "" \
+.venv/bin/hetsync bench --results-dir results --name horizons-1248 --modes esync-outer --baselines "" \
     --reference nesterov,lookahead --lr-sweep 0.05,0.1,0.2 --sweep-budget 45 \
     --horizons 30,45,60 --eval-interval 2 --targets 0.85,0.88,0.9 --speedup-at 0.9 \
     --repeats 3 "$@"

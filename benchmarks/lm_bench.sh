@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PARTITION=${PARTITION:-iid}
 MODES=${MODES:-sync,esync,esync-outer,diloco,async-local-sgd}
 uptime
-.venv/bin/hetsync bench --name "lm-shakespeare-$PARTITION" --partition "$PARTITION" \
+.venv/bin/hetsync bench --results-dir results --name "lm-shakespeare-$PARTITION" --partition "$PARTITION" \
     --dataset shakespeare -n gpt-char --n-layer 2 --n-embd 64 -b 32 --optimizer adamw \
     --modes "$MODES" --baselines "" --reference adamw \
     --lr-sweep 0.002,0.004,0.008 --sweep-budget 40 \

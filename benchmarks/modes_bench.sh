@@ -12,7 +12,7 @@
 #   4. esync as in 3, every worker drawing from the whole training set (--partition shared).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bench=".venv/bin/hetsync bench"
+bench=".venv/bin/hetsync bench --results-dir results"
 uptime
 $bench --name lenet-fmnist-1248 --lr-sweep 0.05,0.1,0.2,0.4 --sweep-budget 10 --repeats 3 \
     --eval-interval 1 "$@"

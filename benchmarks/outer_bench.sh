@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `hetsync bench` runs behind README's oversubscribed-emulation `esync-outer` tables (about 110
+# The `hetsync bench` runs behind results/wall-clock-benches.md's oversubscribed-emulation `esync-outer` tables (about 110
 # minutes on a 2-core machine; keep it quiet meanwhile). Every run's local rate follows the
 # bench's default cosine schedule over its budget, as `hetsync launch` does.
 #
@@ -14,7 +14,7 @@
 #      its non-IID rounds there: blocking, at most 4 local steps.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bench=".venv/bin/hetsync bench"
+bench=".venv/bin/hetsync bench --results-dir results"
 common=(--baselines "" --lr-sweep 0.05,0.1,0.2 --sweep-budget 60 --time-budget 60
         --eval-interval 1 --speedup-at 0.85)
 uptime

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uptime
-.venv/bin/hetsync bench --name peers-fitted-1248 \
+.venv/bin/hetsync bench --results-dir results --name peers-fitted-1248 \
     --modes esync-outer,diloco,async-local-sgd,fedbuff --baselines "" \
     --reference nesterov,lookahead --lr-sweep 0.05,0.1,0.2 --sweep-budget 90 \
     --time-budget 90 --eval-interval 2 --targets 0.85,0.88,0.9 --speedup-at 0.9 \

@@ -1,5 +1,5 @@
 """Fashion-MNIST with a model and loop of your own, data-parallel with PyTorch's DDP: the twin
-of mnist_hetsync.py, which differs from it in the few lines the README shows.
+of mnist_hetsync.py, which differs from it in the few lines docs/own-loop.md shows.
 
     torchrun --standalone --nproc-per-node 3 examples/mnist_ddp.py
 """

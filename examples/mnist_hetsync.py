@@ -1,5 +1,5 @@
 """Fashion-MNIST with a model and loop of your own, data-parallel with hetsync: the twin of
-mnist_ddp.py, from which it differs in the few lines the README shows. Every mode works,
+mnist_ddp.py, from which it differs in the few lines docs/own-loop.md shows. Every mode works,
 parameter-server ones included (the last rank serves), with nothing started by hand:
 
     torchrun --standalone --nproc-per-node 3 examples/mnist_hetsync.py --mode esync

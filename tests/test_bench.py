@@ -400,9 +400,10 @@ def test_a_bench_at_another_link_takes_the_same_virtual_runs_instead_of_running_
     10 Gbit/s (--reuse), and runs its cluster's rows, which the link changes."""
     flags = [f for f in BENCH_FLAGS if f not in ("--quiet",)] + [
         "--clock", "virtual", "--step-work", "0.01", "--modes", "sync", "--baselines", "",
-        "--reference", "sgd", "-ld", str(tmp_path / "runs"),
-        "--results-dir", str(tmp_path / "results")]
-    assert modes.main(flags + ["--name", "fast", "--link-bandwidth", "10gbit"]) == 0
+        "--reference", "sgd", "-ld", str(tmp_path / "runs")]
+    assert modes.main(flags + ["--name", "fast", "--link-bandwidth", "10gbit",
+                               "--results-dir", str(tmp_path / "results")]) == 0
+    assert (tmp_path / "results" / "bench-fast.json").is_file()  # kept where asked
     capsys.readouterr()
     fast = tmp_path / "runs" / "bench-fast"
     assert modes.main(flags + ["--name", "slow", "--link-bandwidth", "100mbit",
@@ -411,6 +412,9 @@ def test_a_bench_at_another_link_takes_the_same_virtual_runs_instead_of_running_
     slow = tmp_path / "runs" / "bench-slow"
     assert f"fastest-sgd: the same virtual run as {fast / 'fastest-sgd'}, taken" in out
     assert "sync: the same virtual run" not in out  # its sums cross the slower link
+    # not asked to keep them: the table, JSON and figures lie beside the runs
+    assert (tmp_path / "runs" / "bench-slow.md").is_file()
+    assert (tmp_path / "runs" / "bench-slow" / "accuracy.png").is_file()
     for name in ("eval.jsonl", "worker-0.jsonl"):
         assert (slow / "fastest-sgd" / name).read_bytes() == \
             (fast / "fastest-sgd" / name).read_bytes()

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from hetsync.cli import build_parser, launch_config
-from hetsync.command_line import config_from_args, flag_table
+from hetsync.command_line import config_from_args
+from hetsync.reference import reference
 from hetsync.config import Config
 from hetsync.options import ConfigError, parser_for
 
@@ -201,10 +202,11 @@ def test_a_new_field_of_any_optional_type_gets_a_parser():
         parser_for(dataclasses.fields(Odd)[0], typing.get_type_hints(Odd))
 
 
-def test_the_flag_table_lists_common_and_mode_options():
-    rows = {long: (short, help_) for short, long, _, help_ in flag_table()}
-    assert rows["--learning-rate"][0] == "-l" and rows["--local-lr"][0] == "-ll"
-    assert rows["--dcasgd-lambda"][1].startswith("[async, dcasgd]")
+def test_the_flag_reference_lists_common_and_mode_options():
+    launch = reference().split("## `hetsync launch`")[1].split("## `hetsync worker`")[0]
+    rows = dict(re.findall(r"^\| (.*?) \| (.*) \|$", launch, flags=re.M))
+    assert "`-l`, `--learning-rate`" in rows and "`-ll`, `--local-lr`" in rows
+    assert rows["`--dcasgd-lambda`"].startswith("[async, dcasgd]")
     assert isinstance(build_parser(), argparse.ArgumentParser)
 
 

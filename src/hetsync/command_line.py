@@ -1,6 +1,6 @@
 """The command line above the modes: one flag per `Config` field and per registered mode
 option (their parsers from `hetsync.options`), laid over a base config (`config_from_args`);
-the one-line parser errors; the README's flag table."""
+the one-line parser errors (their reference page: `hetsync.reference`)."""
 
 from __future__ import annotations
 
@@ -158,18 +158,3 @@ def config_from_args(args: argparse.Namespace, base: Config | None = None) -> Co
     cfg = dataclasses.replace(base or Config(), **given_fields(args))
     options = given_options(args, cfg.spec, cfg.mode)
     return dataclasses.replace(cfg, options={**cfg.options, **options}) if options else cfg
-
-
-def flag_table() -> list[tuple[str, str, str, str]]:
-    """(short, long, default, help) for every option: the README's flag table."""
-    rows = []
-    for f in dataclasses.fields(Config):
-        flags = f.metadata["flags"]
-        if flags:
-            rows.append((flags[0] if len(flags) == 2 else "", flags[-1],
-                         _shown(getattr(Config(), f.name)), f.metadata["help"]))
-    for f, default, modes in option_flags():
-        flags = f.metadata["flags"]
-        rows.append((flags[0] if len(flags) == 2 else "", flags[-1], _shown(default),
-                     f"[{', '.join(modes)}] {f.metadata['help']}"))
-    return rows

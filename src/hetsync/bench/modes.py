@@ -159,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
       "virtual-clock runs of the same configuration are taken instead of run again (a "
       "virtual run's records depend on nothing else; a one-device run crosses no link)")
     a("--name", default=None, help="name of this bench (default: the date and time)")
-    a("--results-dir", default="results",
-      help="where the table, JSON and figures go (default: results)")
+    a("--results-dir", default=None,
+      help="where the table, JSON and figures go, e.g. results to keep them (default: "
+      "beside the runs, in -ld/--log-dir: LOG_DIR/bench-NAME.md, .json and bench-NAME/)")
     a("--quiet", action="store_true", help="no progress lines")
     a("--report", metavar="NAME", default=None,
       help="run nothing: write the table, JSON and figures of the earlier bench NAME again "
@@ -259,7 +260,7 @@ def _check(args, base: Config) -> None:
     if base.seed + args.repeats - 1 > MAX_SEED:
         raise ConfigError(f"--seed/--repeats: seeds {base.seed}..{base.seed + args.repeats - 1}"
                           f"; expected seeds in 0..{MAX_SEED}")
-    for flag, path in (("-ld/--log-dir", base.log_dir), ("--results-dir", args.results_dir)):
+    for flag, path in (("-ld/--log-dir", base.log_dir), ("--results-dir", results_dir(args))):
         reason = unwritable_dir(path)
         if reason is not None:  # found before the runs, not after them
             raise ConfigError(f"{flag}: invalid value {path!r}; expected a directory this "
@@ -497,11 +498,16 @@ def bench(args, argv: list[str], stream=None) -> int:
                   _setup(args, base), machine, emulation, train_size, stream)
 
 
+def results_dir(args) -> Path:
+    """Where the bench's table, JSON and figures go: --results-dir, else beside its runs."""
+    return Path(args.results_dir or base_config(args).log_dir)
+
+
 def report_again(args, stream) -> int:
     """`--report NAME`: the table, JSON and figures of the earlier bench NAME (its
     `--results-dir` JSON and its run directories), at this command's `--targets` and
     `--speedup-at` — targets chosen after seeing the curves, without running again."""
-    path = Path(args.results_dir) / f"bench-{args.report}.json"
+    path = results_dir(args) / f"bench-{args.report}.json"
     try:
         doc = json.loads(path.read_text())
         old = build_parser().parse_args(shlex.split(doc["command"])[2:])
@@ -529,12 +535,12 @@ def report_again(args, stream) -> int:
     first.append(f"the table written again from the runs at other targets: `{again}`.")
     return report(old, base_config(old), args.report, doc["command"],
                   list(dict.fromkeys(r["label"] for r in runs)), results, doc["setup"],
-                  doc["machine"], first, train_size, stream, Path(args.results_dir))
+                  doc["machine"], first, train_size, stream, results_dir(args))
 
 
 def report(args, base: Config, name: str, command: str, labels: list[str],
            results: list[res.RunResult], setup: dict, machine: dict, first_notes: list[str],
-           train_size: int | None, stream, results_dir: Path | None = None) -> int:
+           train_size: int | None, stream, out_dir: Path | None = None) -> int:
     """The bench's table (printed and in Markdown), JSON and figures from its runs'
     results (`args`: the bench's flags, its targets read here; `base`: every run's config);
     `first_notes` lead the notes (the emulation's lines)."""
@@ -561,8 +567,8 @@ def report(args, base: Config, name: str, command: str, labels: list[str],
         has_sync |= res.compute_speedups([r for r in table_rows if r.label.endswith(suffix)],
                                          targets, baseline=SPEEDUP_BASELINE + suffix)
 
-    results_dir = results_dir or Path(args.results_dir)
-    fig_dir = results_dir / f"bench-{name}"
+    out_dir = out_dir or results_dir(args)
+    fig_dir = out_dir / f"bench-{name}"
     notes = first_notes + _notes(args, base, table_rows, fastest, has_sync, speedup_at,
                                machine["load average before"], machine["load average after"],
                                metric)
@@ -585,10 +591,10 @@ def report(args, base: Config, name: str, command: str, labels: list[str],
                   if "skip" in str(w.message).lower()]
 
     headers, cells = res.rows(table_rows, targets, speedup_at, train_size, has_sync, metric)
-    md = res.write_markdown(results_dir / f"bench-{name}.md", name=name, command=command,
+    md = res.write_markdown(out_dir / f"bench-{name}.md", name=name, command=command,
                             machine=machine, setup=setup, headers=headers, cells=cells,
                             notes=notes, figures=figures)
-    js = res.write_json(results_dir / f"bench-{name}.json", {
+    js = res.write_json(out_dir / f"bench-{name}.json", {
         "name": name, "command": command, "machine": machine, "setup": setup,
         "targets": targets, "speedup_at": speedup_at, "speedup_baseline": SPEEDUP_BASELINE,
         "fastest_device": dataclasses.asdict(fastest) if fastest else None,

@@ -1,0 +1,41 @@
+"""The documentation as a user finds it: the generated flag reference is current, and every
+relative link of the README and the guides leads to a file."""
+
+import re
+from pathlib import Path
+
+from hetsync.reference import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_flag_reference_is_what_the_code_generates():
+    page = (ROOT / "docs" / "reference.md").read_text()
+    assert page == reference(), ("docs/reference.md is stale: run "
+                                 ".venv/bin/python -m hetsync.reference > docs/reference.md")
+    assert "`--clock`" in page and "`--lr-sweep`" in page and "[lookahead]" in page
+
+
+def test_every_relative_link_of_the_readme_and_guides_leads_to_a_file():
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_the_results_index_lists_every_result_kept():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_index",
+                                                  ROOT / "benchmarks" / "results_index.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "results" / "README.md").read_text()
+    assert page == module.index(), ("results/README.md is stale: run "
+                                    ".venv/bin/python benchmarks/results_index.py")
+    for path in (ROOT / "results").iterdir():
+        if path.name != "README.md":
+            assert f"]({path.name})" in page, path.name
