@@ -352,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("launch", help="run a whole cluster on this machine (the main job)",
+                       usage="hetsync launch [-m MODE] [--workers N] [--slowdowns F1,F2,...] "
+                       "[--clock {wall,virtual}] [--time-budget S] [FLAG ...]",
                        description="Start the mode's service and the parameter server if it "
                        "needs them, and N workers on this machine; show progress; summarise.")
     add_config_arguments(p, LAUNCH_DEFAULTS)
@@ -373,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
+                       usage="hetsync worker [-m MODE] [--workers N] [FLAG ...] (under torchrun "
+                       "for a cluster)",
                        description="One process of a run. Reads RANK, WORLD_SIZE, MASTER_ADDR "
                        "and MASTER_PORT (torchrun's environment); alone it trains -m local.")
     add_config_arguments(p, WORKER_DEFAULTS)

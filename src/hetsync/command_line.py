@@ -74,9 +74,31 @@ def check_option_flags() -> None:
 OPTION_PREFIX = "option."
 
 
+#: `--help`'s sections, the common flags first: every flagged `Config` field in one of them
+#: (tests/test_config.py)
+SECTIONS = {
+    "the run": ("mode", "workers", "slowdowns", "clock", "time_budget", "epochs", "target_acc",
+                "target_loss", "seed", "log_dir", "run_name"),
+    "the cluster: devices and links": (
+        "step_work", "speed_scale", "cores", "oversubscribe", "gpu", "cpu", "threads",
+        "straggle_prob", "straggle_delay", "step_jitter", "collective", "bandwidth",
+        "link_bandwidth", "link_latency", "spare_workers", "spare_start"),
+    "training: model, data and optimizer": (
+        "network", "dataset", "data_dir", "context", "n_layer", "n_head", "n_embd",
+        "batch_size", "balanced_batches", "lr", "lr_schedule", "lr_final", "momentum",
+        "nesterov", "optimizer", "weight_decay", "partition", "split_by_class",
+        "dirichlet_alpha", "inject", "inject_alpha", "inject_beta", "plugins"),
+    "evaluation and checkpoints": ("eval_every", "deferred_eval", "eval_interval", "evaluator",
+                                   "checkpoint_every"),
+    "faults and servers": ("timeout", "regroup_grace", "service_ip", "service_port",
+                           "live_report"),
+}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None,
                          exclude: tuple[str, ...] = ()) -> None:
-    """One flag per Config field (but the fields in `exclude`) and per registered mode option.
+    """One flag per Config field (but the fields in `exclude`) and per registered mode option,
+    in `SECTIONS`.
 
     Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
     `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
@@ -85,14 +107,21 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
 
     defaults = defaults or Config()
     hints = typing.get_type_hints(Config)
-    for f in dataclasses.fields(Config):
-        if not f.metadata["flags"] or f.name in exclude:
-            continue
-        help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
-        switch = {"nargs": "?", "const": True} if hints[f.name] is bool else {}  # bare: 1
-        parser.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
-                            default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=_with_default(help_text, getattr(defaults, f.name)), **switch)
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unplaced = {n for n, f in fields.items() if f.metadata["flags"]} - {
+        n for names in SECTIONS.values() for n in names}
+    if unplaced:  # (a new field's flag would otherwise be missing from the command line)
+        raise RuntimeError(f"Config fields {sorted(unplaced)} are in no section of "
+                           f"command_line.SECTIONS")
+    for title, names in SECTIONS.items():
+        group = parser.add_argument_group(title)
+        for f in (fields[name] for name in names if name not in exclude):
+            help_text = f.metadata["help"].replace("{modes}", ", ".join(registry.names()))
+            switch = {"nargs": "?", "const": True} if hints[f.name] is bool else {}  # bare: 1
+            group.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
+                               default=argparse.SUPPRESS, metavar=f.name.upper(),
+                               help=_with_default(help_text, getattr(defaults, f.name)),
+                               **switch)
     add_option_arguments(parser)
 
 

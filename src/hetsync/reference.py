@@ -27,17 +27,31 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _rows(parser: argparse.ArgumentParser) -> list[str]:
+def _table(parser: argparse.ArgumentParser, actions) -> list[str]:
     formatter = parser._get_formatter()
-    rows = []
-    for action in parser._actions:
+    rows = ["| flag | meaning (and default) |", "|---|---|"]
+    for action in actions:
         if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
         names = (", ".join(f"`{n}`" for n in action.option_strings)
                  or f"`{action.metavar or action.dest}`")
         helped = formatter._expand_help(action) if action.help else ""
         rows.append(f"| {names} | {_cell(helped)} |")
-    return rows
+    return rows if len(rows) > 2 else []
+
+
+def _sections(parser: argparse.ArgumentParser) -> list[str]:
+    """A table per section of `--help` (argparse's groups), in its order."""
+    own = ("positional arguments", "options")  # argparse's own two groups: one table
+    groups = [("the command's own", [a for g in parser._action_groups if g.title in own
+                                     for a in g._group_actions])]
+    groups += [(g.title, g._group_actions) for g in parser._action_groups if g.title not in own]
+    out = []
+    for title, actions in groups:
+        rows = _table(parser, actions)
+        if rows:
+            out += [f"### {title}", "", *rows, ""]
+    return out
 
 
 def reference() -> str:
@@ -53,7 +67,7 @@ def reference() -> str:
         out += [f"## `hetsync {name}`", ""]
         if parser.description:
             out += [_cell(parser.description), ""]
-        out += ["| flag | meaning (and default) |", "|---|---|", *_rows(parser), ""]
+        out += _sections(parser)
     return "\n".join(out)
 
 
