@@ -260,7 +260,8 @@ def _check(args, base: Config) -> None:
     if base.seed + args.repeats - 1 > MAX_SEED:
         raise ConfigError(f"--seed/--repeats: seeds {base.seed}..{base.seed + args.repeats - 1}"
                           f"; expected seeds in 0..{MAX_SEED}")
-    for flag, path in (("-ld/--log-dir", base.log_dir), ("--results-dir", results_dir(args))):
+    for flag, path in (("-ld/--log-dir", base.log_dir),
+                       ("--results-dir", str(results_dir(args)))):
         reason = unwritable_dir(path)
         if reason is not None:  # found before the runs, not after them
             raise ConfigError(f"{flag}: invalid value {path!r}; expected a directory this "
