@@ -70,8 +70,8 @@ def _about(name: str, paths: list[Path]) -> dict:
 
 
 def _headline(bench: dict) -> str:
-    """A bench's best run against its fastest device at the bench's speed-up target, else its
-    best final value."""
+    """A bench's best cluster run against its fastest device at the bench's speed-up target,
+    else its best cluster run's final accuracy."""
     at = str(bench.get("speedup_at", ""))
     runs = [r for r in bench.get("runs", []) if r.get("summary")]
     ahead = [(r["vs_fastest"][at], r["label"]) for r in runs if r.get("kind") != "reference"
@@ -80,7 +80,7 @@ def _headline(bench: dict) -> str:
         ratio, label = max(ahead)
         return f"{label}: {ratio:.2f}x its fastest device's time to {at}"
     finals = [(r["summary"].get("final_accuracy"), r["label"]) for r in runs
-              if r["summary"].get("final_accuracy") is not None]
+              if r.get("kind") != "reference" and r["summary"].get("final_accuracy") is not None]
     if finals:
         value, label = max(finals)
         return f"best final accuracy {value:.4f} ({label})"
