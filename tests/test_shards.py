@@ -204,10 +204,12 @@ def test_an_asynchronous_runs_lost_worker_has_its_shard_drawn_until_it_joins_aga
     to the parameter server and goes on from where rank 0 got to. 0 batches twice, 0
     skipped."""
     run = tmp_path / "run"
+    # 30 s: the restarted worker imports torch beside three busy ones on two cores (about
+    # 15 s here) and must join before the end.
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "3",
          "--slowdowns", "1,2,2", "--dataset", "synthetic", "--network", "mlp",
-         "--time-budget", "14", "--eval-interval", "1", "-ld", str(tmp_path), "--run-name",
+         "--time-budget", "30", "--eval-interval", "1", "-ld", str(tmp_path), "--run-name",
          "run", "--quiet", "--no-figures", "--timeout", "20"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
