@@ -19,7 +19,8 @@ published limiter; majority: off by default, as in its published code, where the
 commented out). The mean divides by P (`--eager-divide workers`, as the code) or by the fresh
 contributions (`fresh`). Each step's record holds the staleness of its gradient (rounds
 between the model it was computed on and the round that carried it) and the rounds it
-applied. The loop's agreement goes through the store: there is no common round.
+applied. The loop's agreement goes through the store: there is no common round. On a virtual clock
+the rounds start in the order of the workers' clocks (`hetsync.comm.partial`).
 
 A lost worker: the survivors regroup (`runtime/membership.py`) and `rejoin` starts a new
 engine on their new channel, from rank 0's model and optimizer state (a round in flight may
@@ -69,7 +70,6 @@ class EagerSGD(Mode):
     name = "eager"
     Options = EagerOptions
     control = ControlPath.STORE
-    untimed_by_virtual_clock = "eager-SGD's partial rounds (who arrives first)"
     initiator: ClassVar[str] = "solo"
     default_sync_every: ClassVar[int] = 32
 
@@ -100,7 +100,8 @@ class EagerSGD(Mode):
             sum(p.numel() for p in self.parameters()), initiator=self.initiator,
             sync_every=self.sync_every, divide=self.options.divide, seed=6545343,
             collective=self.comm.collective, timeout=self.comm.timeout,
-            device=self.comm.wire_device)
+            device=self.comm.wire_device,
+            clock=self.comm.clock.source if self.comm.clock.source.virtual else None)
         self._engine_job = (None if self.comm.channel is None else  # one worker (left)
                             self.comm.channel.submit(self.engine.run, "eager-SGD rounds",
                                                      long_running=True))
@@ -175,6 +176,8 @@ class EagerSGD(Mode):
             self.engine.finish()
             with self.comm.clock.phase("wait"):  # two rounds at most: the stop's, the final
                 self._engine_job.result(within=2 * self.comm.timeout)
+                if self.comm.clock.source.virtual:  # (the final round's end)
+                    self.comm.clock.source.arrive(self.engine.finished_at())
             self._apply_rounds()
         super().finish()
 

@@ -27,6 +27,18 @@ computing takes part. Round r, on every rank:
    every 10 epochs). Each contribution's staleness — rounds between the model it was computed
    on and the round that carried it — is recorded.
 
+**On a virtual clock** (`hetsync.clock`; `clock` given) the order of arrivals is the
+clocks', not the real machine's. Every round, each engine first waits (in real time) until its
+own main thread has posted, is finishing or has joined, so that it knows its rank's arrival
+time a_i on its clock; one all-reduce of the arrival times gives the round's start — solo:
+min a_i; majority: the initiator's a_j; a synchronous round: max a_i — and no earlier than
+the previous round's end. A rank contributes its gradient only if it had arrived by then
+(a_i <= start); otherwise the gradient waits for a later round, as a late one does on the
+wall clock. The round ends its all-reduce's modelled cost later, and a main thread that
+waited for a round moves its clock to that round's end. An engine never runs past the round
+that carries its own rank's gradient (it waits for the next post), so which rounds a main
+thread applies is decided by the clocks alone.
+
 **Ending.** A rank that is done (:meth:`finish`) arrives with a stopping flag; the round after
 the first one that carries it is a final synchronous round, for which every rank waits for its
 own main thread to post or finish (the training loop's stop is already agreed by then), so
@@ -36,6 +48,7 @@ that every rank runs the same rounds and no gradient is lost.
 from __future__ import annotations
 
 import datetime
+import math
 import random
 import threading
 import time
@@ -66,6 +79,8 @@ class PartialAllReduce:
             group's); its keys are `prefix`/ENGINE/ROUND, ENGINE counting the engines this
             process made (every rank makes the same engines in the same order).
         device: where the buffers travel (the model's device under NCCL).
+        clock: the worker's virtual clock (`hetsync.clock.VirtualClock`), read and moved on
+            the main thread; None: the wall clock decides the order.
     """
 
     _made = 0  # engines made in this process
@@ -73,7 +88,7 @@ class PartialAllReduce:
     def __init__(self, numel: int, *, initiator: str = "solo", sync_every: int = 32,
                  divide: str = "workers", seed: int = 0, collective: str = "native",
                  timeout: float = 120.0, store=None, prefix: str = "hetsync/eager",
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", clock=None):
         if initiator not in INITIATORS:
             raise ValueError(f"initiator must be one of {', '.join(INITIATORS)}, got "
                              f"{initiator!r}")
@@ -101,6 +116,14 @@ class PartialAllReduce:
         self._waits = None           # the engine thread's own clone of the store
         self.rounds = 0              # rounds completed
         self.staleness: list[int] = []  # of this rank's fresh contributions, in order
+        # the virtual clock's: when the pending gradient (or the finish, or the join)
+        # arrived; the previous round's end; the (last ticket carried, round end) of each
+        # round that carried this rank's gradients
+        self.clock = clock
+        self._arrived = {"pending": 0.0, "finish": 0.0, "join": 0.0}
+        self._pending_tickets = 0
+        self._round_end = 0.0
+        self._carried: deque[tuple[int, float]] = deque()
 
     # ------------------------------------------------------------------ the main thread
     def post(self, grad: torch.Tensor, version: int) -> int:
@@ -112,9 +135,11 @@ class PartialAllReduce:
             flat = grad.detach().reshape(-1).to(self.device, torch.float32)
             if self._pending is None:
                 self._pending, self._pending_version = flat.clone(), version
+                self._arrived["pending"] = self._now()
             else:
                 self._pending += flat
             self._posted += 1
+            self._pending_tickets += 1
             self._cond.notify_all()
             ticket, target = self._posted, self._next
         self._activate(target)
@@ -133,6 +158,7 @@ class PartialAllReduce:
                                        timeout=min(ChannelFuture.ALARM_EVERY,
                                                    max(end - time.monotonic(), 0.0))):
                     self._raise_failure()
+                    self._arrive_at_carrier(ticket)
                     return
             if time.monotonic() >= end:
                 raise CommTimeoutError(f"eager-SGD: no round carried this rank's gradient "
@@ -140,6 +166,17 @@ class PartialAllReduce:
                                        op="eager/round", seconds=self.timeout)
             if alarm is not None and alarm():  # (the store, asked outside the lock)
                 raise PeerLost("eager-SGD rounds: given up, a peer was lost", op="eager/round")
+
+    def _arrive_at_carrier(self, ticket: int) -> None:
+        """Virtual clock: the main thread's clock moves to the end of the round that carried
+        `ticket` (under the lock)."""
+        while self._carried and self._carried[0][0] < ticket:
+            self._carried.popleft()
+        if self.clock is not None and self._carried:
+            self.clock.arrive(self._carried[0][1])
+
+    def _now(self) -> float:
+        return 0.0 if self.clock is None else self.clock.now()
 
     def take_results(self) -> list[tuple[int, torch.Tensor | None]]:
         """The means of the rounds completed since the last call, in round order (None: the
@@ -157,6 +194,7 @@ class PartialAllReduce:
         drawn initiator of (majority), until `finish`."""
         with self._cond:
             self._joined = True
+            self._arrived["join"] = self._now()
             self._cond.notify_all()
             target = self._next
         if self.initiator_of(target) == self.rank:  # the engine may be waiting for it
@@ -166,9 +204,14 @@ class PartialAllReduce:
         """This rank is done: its engine ends after the final round (see the docstring)."""
         with self._cond:
             self._finishing = True
+            self._arrived["finish"] = self._now()
             self._cond.notify_all()
             target = self._next
         self._activate(target)
+
+    def finished_at(self) -> float:
+        """Virtual clock: when the final round ended (0 on the wall clock)."""
+        return self._round_end
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -200,24 +243,36 @@ class PartialAllReduce:
             raise
 
     def _rounds(self, view: GroupView, group) -> int:
+        from hetsync.clock import all_reduce_seconds
+
         from .collectives import all_reduce
 
         final = False
         while True:
             r = self.rounds
             synchronous = final or (self.sync_every > 0 and (r + 1) % (self.sync_every + 1) == 0)
-            if synchronous or view.size == 1:
+            start = None
+            if self.clock is not None:
+                self._wait_arrival()
+                start = self._virtual_start(r, synchronous, group)
+            elif synchronous or view.size == 1:
                 self._wait_arrival()
             else:
                 if self._joined and self.initiator_of(r) == self.rank:
                     self._activate(r)  # its own arrival will never come
                 self._wait_activation(r)
-            buf, through = self._contribution(r)
+            buf, through = self._contribution(r, start)
             all_reduce(buf, algorithm=self.collective, group=group, timeout=self.timeout)
             fresh, stopping = float(buf[self.numel]), float(buf[self.numel + 1])
             divisor = view.size if self.divide == "workers" else max(fresh, 1.0)
             with self._cond:  # (a round that carried no gradient has nothing to apply)
                 self._results.append((r, buf[:self.numel] / divisor if fresh > 0 else None))
+                if start is not None:
+                    self._round_end = start + all_reduce_seconds(
+                        self.collective, view.size, buf.numel() * buf.element_size(),
+                        self.clock.link)
+                    if through > self._included:
+                        self._carried.append((through, self._round_end))
                 self._included = max(self._included, through)
                 self.rounds = r + 1
                 if final:
@@ -255,6 +310,34 @@ class PartialAllReduce:
                 f"initiator {'any rank' if self.initiator == 'solo' else self.initiator_of(r)}"
                 f" dead or silent?): {exc}", op="eager/activate", seconds=self.timeout) from exc
 
+    def _arrival(self, r: int, synchronous: bool) -> float:
+        """Virtual clock: when this rank arrived for round `r` (inf: it does not start it)."""
+        with self._cond:
+            if self._pending is not None:
+                mine = self._arrived["pending"]
+            elif self._finishing:
+                mine = self._arrived["finish"]
+            else:  # joined: arrived for a synchronous round, and starts majority's own
+                mine = (self._arrived["join"] if synchronous or
+                        self.initiator_of(r) == self.rank else math.inf)
+        if synchronous:
+            return mine
+        first = self.initiator_of(r)
+        return mine if first is None or first == self.rank else math.inf
+
+    def _virtual_start(self, r: int, synchronous: bool, group) -> float:
+        """Virtual clock: round `r` starts at the first arrival (solo), the initiator's
+        (majority) or the last (synchronous), and not before the previous round's end."""
+        import torch.distributed as dist
+
+        mine = self._arrival(r, synchronous)
+        times = torch.tensor([-mine, mine], dtype=torch.float64, device=self.device)
+        if self.size > 1:
+            work = dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        first, last = -float(times[0]), float(times[1])
+        return max(last if synchronous else first, self._round_end)
+
     def _wait_arrival(self) -> None:
         """Until this rank's main thread has posted (or is finishing)."""
         with self._cond:
@@ -264,15 +347,21 @@ class PartialAllReduce:
                                        f"within {self.timeout:g} s", op="eager/round",
                                        seconds=self.timeout)
 
-    def _contribution(self, r: int) -> tuple[torch.Tensor, int]:
-        """[carry-over or zeros, fresh, stopping] and the last ticket it carries."""
+    def _contribution(self, r: int, start: float | None = None) -> tuple[torch.Tensor, int]:
+        """[carry-over or zeros, fresh, stopping] and the last ticket it carries (on a
+        virtual clock, `start`: what arrived after the round's start waits for a later one)."""
         buf = torch.zeros(self.numel + 2, device=self.device)
         with self._cond:
             self._next = r + 1
-            if self._pending is not None:
+            through = self._posted
+            if self._pending is not None and (start is None
+                                              or self._arrived["pending"] <= start):
                 buf[:self.numel] = self._pending
                 buf[self.numel] = 1.0
                 self.staleness.append(r - self._pending_version)
-                self._pending = None
-            buf[self.numel + 1] = float(self._finishing)
-            return buf, self._posted
+                self._pending, self._pending_tickets = None, 0
+            elif self._pending is not None:
+                through -= self._pending_tickets
+            buf[self.numel + 1] = float(self._finishing and (
+                start is None or self._arrived["finish"] <= start))
+            return buf, through

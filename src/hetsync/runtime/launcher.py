@@ -29,11 +29,13 @@ import threading
 import time
 from pathlib import Path
 
+from hetsync.algorithms.base import ControlPath
 from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
+from hetsync.telemetry.recorder import recount_samples_seen
 
 
 class LaunchError(RuntimeError):
@@ -516,6 +518,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             network.close()
     if interrupted:
         raise KeyboardInterrupt
+    if cfg.clock == "virtual" and cfg.spec.worker.control is ControlPath.STORE:
+        recount_samples_seen(run_dir)  # (the store's count is the real machine's order)
     finish_run(run_dir, figures=figures, stream=stream)
     return run_dir
 

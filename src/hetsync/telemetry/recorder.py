@@ -62,3 +62,31 @@ class JsonlWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def recount_samples_seen(run_dir: str | Path) -> None:
+    """Restamp each evaluation's `samples_seen` of a finished run from the workers' records:
+    the samples of every round that ended by the evaluation's time `t`.
+
+    For the modes whose count goes through the store (no common round: the asynchronous
+    ones) on a virtual clock: there the leader reads the store when the real machine gets to
+    it, so its count depends on the machine's speed while every other field is the clocks'.
+    The rewrite is atomic (a temporary file, then a rename)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "eval.jsonl"
+    if not path.is_file():
+        return
+    ends: list[tuple[float, int]] = []
+    for worker in sorted(run_dir.glob("worker-*.jsonl")):
+        for line in worker.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                ends.append((float(record["t_end"]), int(record["samples"])))
+    ends.sort()
+    evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for record in evals:  # (the leader's own round ends exactly at `t`)
+        record["samples_seen"] = sum(n for t, n in ends if t <= record["t"] + 1e-9)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".eval.jsonl.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.writelines(json.dumps(_clean(r), separators=(",", ":")) + "\n" for r in evals)
+    os.replace(tmp, path)
