@@ -214,7 +214,7 @@ def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round
     assert run["train_time"] >= 1.5  # the budget is virtual seconds
 
 
-@pytest.mark.parametrize("mode", ["ddp", "post-local-sgd"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("post-local-sgd", marks=pytest.mark.slow)])
 def test_pytorchs_own_schemes_run_unchanged_and_their_sums_cost_the_models_time(tmp_path, mode):
     """DDP's hook and PostLocalSGDOptimizer's average are PyTorch's code; the clock meets at
     the hook's barrier (the fast device waits out the slow one's step) and prices each sum."""
@@ -235,10 +235,14 @@ def test_pytorchs_own_schemes_run_unchanged_and_their_sums_cost_the_models_time(
     assert _records(first, "eval.jsonl")[-1]["test_acc"] > 0.3
 
 
+# (the default tier: one run per transport, the background channel's and the state server's
+# here; the rest in the slow one)
 @pytest.mark.parametrize("mode,extra", [
-    ("diloco", {}), ("diloco", {"options": {"overlap": True}}),
+    pytest.param("diloco", {}, marks=pytest.mark.slow),
+    ("diloco", {"options": {"overlap": True}}),
     # ESync's plan from the state server, which holds a round's reports until all are in
-    ("esync-outer", {}), ("esync", {"options": {"overlap": False}, "step_jitter": 0.2})])
+    pytest.param("esync-outer", {}, marks=pytest.mark.slow),
+    ("esync", {"options": {"overlap": False}, "step_jitter": 0.2})])
 def test_a_virtual_run_is_the_same_to_the_bit_again_and_beside_a_busy_neighbour(
         tmp_path, mode, extra):
     first = _run(tmp_path, "first", mode=mode, **extra)
@@ -288,6 +292,7 @@ def test_an_asynchronous_run_on_the_virtual_clock_trains_the_same_again(tmp_path
     assert 6 <= pushes[0] / pushes[1] <= 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eager-solo", "eager-majority"])
 def test_eager_sgds_rounds_start_in_the_order_of_the_clocks(tmp_path, mode):
     """A partial round starts at the first arrival (solo) or its drawn initiator's
