@@ -45,14 +45,14 @@ def used_mb() -> float:
     return (kb("MemTotal") - kb("MemAvailable")) / 1024
 
 
-def run(args, name: str, mode: str, slowdowns: list[float]) -> dict:
+def run(args, name: str, mode: str, slowdowns: list[float], extra: str = "") -> dict:
     argv = [HETSYNC, "launch", "-m", mode, "--clock", "virtual", "--workers",
             str(len(slowdowns)), "--slowdowns", ",".join(f"{s:g}" for s in slowdowns),
             "--step-work", str(args.step_work), "--time-budget", str(args.budget),
             "--epochs", "none", "--seed", str(args.seed), "--eval-interval",
             str(args.eval_interval), "--no-live", "--no-figures", "--quiet", "--log-dir",
             str(ROOT / args.log_dir), "--run-name", name, "--link-bandwidth", args.link,
-            "--timeout", "600", *args.launch_args.split()]
+            "--timeout", "600", *args.launch_args.split(), *extra.split()]
     base, peak, done = used_mb(), [0.0], threading.Event()
 
     def sample() -> None:
@@ -92,7 +92,10 @@ def main() -> int:
     p.add_argument("--link", default="10gbit")
     p.add_argument("--targets", default="0.8,0.85,0.88,0.9")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--launch-args", default="")
+    p.add_argument("--launch-args", default="", help="flags for every launch")
+    p.add_argument("--mode-args", default="",
+                   help="flags for the cluster's modes, not the fastest device's run (e.g. "
+                        "--weighting samples)")
     p.add_argument("--log-dir", default="runs/virtual-scale")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -103,7 +106,8 @@ def main() -> int:
     stamp = time.strftime("%m%d-%H%M")
     rows = [run(args, f"{args.profile}-local-{stamp}", "local", [min(slowdowns)])]
     for mode in args.modes.split(","):
-        rows.append(run(args, f"{args.profile}-{mode}-{stamp}", mode, slowdowns))
+        rows.append(run(args, f"{args.profile}-{mode}-{stamp}", mode, slowdowns,
+                        args.mode_args))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "evals"}), flush=True)
     capacity = sum(min(slowdowns) / s for s in slowdowns)
     sync = next((r for r in rows if r["mode"] == "sync" and "evals" in r), None)
