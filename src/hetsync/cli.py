@@ -12,7 +12,7 @@ import hetsync
 from hetsync.command_line import (ArgumentParser, add_config_arguments, check_option_flags,
                                   config_from_args, parse_listen_port, parse_restarts,
                                   parse_workers, with_text_defaults)
-from hetsync.config import Config, check_host, unwritable_dir
+from hetsync.config import Config, admitting_modes, check_host, unwritable_dir
 from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
@@ -184,9 +184,9 @@ def _check_joinable(cfg: Config, args) -> None:
         raise ConfigError("--join: give --run-dir, the directory of the running job to join")
     if cfg.workers < 2 or not cfg.admits_workers:
         raise ConfigError(f"--join: mode {cfg.effective_mode} cannot take in a worker while "
-                          f"it runs; the asynchronous parameter-server modes can, and esync, "
-                          f"esync-outer and diloco with --overlap 1, more than one worker, "
-                          f"deferred evaluation and no parameter server")
+                          f"it runs; these can, with more than one worker: "
+                          f"{admitting_modes()}, the latter with deferred evaluation and no "
+                          f"parameter server")
 
 
 def _restarted_by_torchrun(args, cfg: Config) -> bool | str:
@@ -369,9 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "says how to resume); where the mode goes on without it, a lost worker is "
                    "started again up to N times and joins the running job (default: 3)")
     p.add_argument("--no-rejoin", action="store_true",
-                   help="a lost worker is not started again to join the running job (esync "
-                   "and esync-outer in the background, the asynchronous parameter-server "
-                   "modes): the run goes on without it")
+                   help=f"a lost worker is not started again to join the running job "
+                   f"({admitting_modes()}): the run goes on without it")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("worker", help="one worker (what launch and torchrun start)",
@@ -387,8 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "last checkpoint (config: its config.json unless --config)")
     p.add_argument("--join", action="store_true",
                    help="this rank was lost, or is a spare (--spare-workers): join the job "
-                   "running in --run-dir at a round's end, from the global model (esync and "
-                   "esync-outer in the background, the asynchronous parameter-server modes)")
+                   f"running in --run-dir at a round's end, from the global model "
+                   f"({admitting_modes()})")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("state-server", help="ESync's state server (HTTP/JSON)")

@@ -213,9 +213,8 @@ class Config:
     spare_workers: int = field(default=0, metadata={"flags": ("--spare-workers",),
         "help": "the last N of --workers are spares: they are not started with the others "
                 "and join the running job later (launch starts them --spare-start seconds "
-                "in; elsewhere `hetsync worker --join`, not under torchrun); the "
-                "asynchronous parameter-server modes, and esync, esync-outer and diloco in the "
-                "background"})
+                "in; elsewhere `hetsync worker --join`, not under torchrun); in the modes "
+                "that take a worker in while they run (`hetsync worker --help`: --join)"})
     spare_start: float = field(default=20.0, metadata={"flags": ("--spare-start",),
         "help": "launch, with --spare-workers: seconds of the run after which the spares "
                 "are started to join it"})
@@ -532,10 +531,8 @@ class Config:
                                        f"{self.workers})")
         if self.spare_workers and not self.admits_workers:
             raise bad("spare_workers", f"0 with -m {self.effective_mode}: spares join the "
-                                       f"running job in the asynchronous parameter-server "
-                                       f"modes, and in esync, esync-outer and diloco with "
-                                       f"--overlap 1, deferred evaluation and no parameter "
-                                       f"server")
+                                       f"running job in {admitting_modes()}, the latter "
+                                       f"with deferred evaluation and no parameter server")
         if not 0 < self.spare_start <= MAX_WAIT_S:
             raise bad("spare_start", f"a finite number of seconds > 0, at most "
                                      f"{MAX_WAIT_S:g}")
@@ -780,3 +777,21 @@ def check_host(flag: str, host: str, *, listen: bool = False) -> None:
                 raise ConfigError(f"{flag}: invalid value {host!r}; expected an IPv4 address "
                                   f"of this machine to listen on ({err.strerror or err})"
                                   ) from None
+
+
+def admitting_modes() -> str:
+    """The modes that take a worker in while they run (`Config.admits_workers`), as one
+    phrase for the messages and help texts that name them, asked of the registry."""
+    from hetsync.algorithms import registry
+
+    through_ps, regrouping, with_overlap = [], [], []
+    for spec in registry.specs():
+        if Config(mode=spec.name, workers=4).admits_workers:
+            (through_ps if spec.asynchronous else regrouping).append(spec.name)
+        elif spec.options is not None and "overlap" in {
+                f.name for f in dataclasses.fields(spec.options)} and Config(
+                mode=spec.name, workers=4, options={"overlap": True}).admits_workers:
+            with_overlap.append(spec.name)
+    others = regrouping + [f"{name} with --overlap 1" for name in with_overlap]
+    return (f"{', '.join(through_ps)} (their parameter server takes it in); "
+            f"{', '.join(others)} (the workers regroup)")
