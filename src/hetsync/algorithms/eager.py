@@ -19,8 +19,8 @@ published limiter; majority: off by default, as in its published code, where the
 commented out). The mean divides by P (`--eager-divide workers`, as the code) or by the fresh
 contributions (`fresh`). Each step's record holds the staleness of its gradient (rounds
 between the model it was computed on and the round that carried it) and the rounds it
-applied. The loop's agreement goes through the store: there is no common round. On a virtual clock
-the rounds start in the order of the workers' clocks (`hetsync.comm.partial`).
+applied. The loop's agreement goes through the store: there is no common round. On a
+virtual clock the rounds start in the order of the workers' clocks (`hetsync.comm.partial`).
 
 A lost worker: the survivors regroup (`runtime/membership.py`) and `rejoin` starts a new
 engine on their new channel, from rank 0's model and optimizer state (a round in flight may

@@ -27,12 +27,16 @@ def _clean(value: Any) -> Any:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(_clean(data), indent=2) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file beside it, synced, then renamed)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_clean(data), f, indent=2)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -70,23 +74,17 @@ def recount_samples_seen(run_dir: str | Path) -> None:
 
     For the modes whose count goes through the store (no common round: the asynchronous
     ones) on a virtual clock: there the leader reads the store when the real machine gets to
-    it, so its count depends on the machine's speed while every other field is the clocks'.
-    The rewrite is atomic (a temporary file, then a rename)."""
-    run_dir = Path(run_dir)
-    path = run_dir / "eval.jsonl"
+    it, so its count depends on the machine's speed while every other field is the clocks'."""
+    from hetsync.telemetry.runlog import read_run
+
+    log = read_run(run_dir)
+    ends = [(float(r["t_end"]), int(r["samples"])) for records in log.workers.values()
+            for r in records]
+    path = Path(run_dir) / "eval.jsonl"
     if not path.is_file():
         return
-    ends: list[tuple[float, int]] = []
-    for worker in sorted(run_dir.glob("worker-*.jsonl")):
-        for line in worker.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                ends.append((float(record["t_end"]), int(record["samples"])))
-    ends.sort()
     evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for record in evals:  # (the leader's own round ends exactly at `t`)
         record["samples_seen"] = sum(n for t, n in ends if t <= record["t"] + 1e-9)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".eval.jsonl.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.writelines(json.dumps(_clean(r), separators=(",", ":")) + "\n" for r in evals)
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(_clean(r), separators=(",", ":")) + "\n"
+                                    for r in evals))
