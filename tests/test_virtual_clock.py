@@ -235,6 +235,21 @@ def test_pytorchs_own_schemes_run_unchanged_and_their_sums_cost_the_models_time(
     assert _records(first, "eval.jsonl")[-1]["test_acc"] > 0.3
 
 
+def _twice_beside_a_busy_neighbour(tmp_path: Path, mode: str, **extra) -> Path:
+    """Run `mode` twice, the second time beside a CPU-heavy process; assert the records are
+    the same to the bit; the first run's directory."""
+    first = _run(tmp_path, "first", mode=mode, **extra)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        second = _run(tmp_path, "second", mode=mode, **extra)
+    finally:
+        busy.kill()
+        busy.wait()
+    for name in ["eval.jsonl"] + [f"worker-{r}.jsonl" for r in range(4)]:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    return first
+
+
 # (the default tier: one run per transport, the background channel's and the state server's
 # here; the rest in the slow one)
 @pytest.mark.parametrize("mode,extra", [
@@ -245,34 +260,10 @@ def test_pytorchs_own_schemes_run_unchanged_and_their_sums_cost_the_models_time(
     ("esync", {"options": {"overlap": False}, "step_jitter": 0.2})])
 def test_a_virtual_run_is_the_same_to_the_bit_again_and_beside_a_busy_neighbour(
         tmp_path, mode, extra):
-    first = _run(tmp_path, "first", mode=mode, **extra)
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        second = _run(tmp_path, "second", mode=mode, **extra)
-    finally:
-        busy.kill()
-        busy.wait()
-    names = ["eval.jsonl"] + [f"worker-{r}.jsonl" for r in range(4)]
-    for name in names:
-        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    first = _twice_beside_a_busy_neighbour(tmp_path, mode, **extra)
     evals = _records(first, "eval.jsonl")
     assert len(evals) >= 3 and evals[-1]["test_acc"] > 0.3
     assert "lag_s" not in evals[-1]  # (a real lag would differ from run to run)
-
-
-def _twice_beside_a_busy_neighbour(tmp_path: Path, mode: str) -> Path:
-    """Run `mode` twice, the second time beside a CPU-heavy process; assert the records are
-    the same to the bit; the first run's directory."""
-    first = _run(tmp_path, "first", mode=mode)
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        second = _run(tmp_path, "second", mode=mode)
-    finally:
-        busy.kill()
-        busy.wait()
-    for name in ["eval.jsonl"] + [f"worker-{r}.jsonl" for r in range(4)]:
-        assert (first / name).read_bytes() == (second / name).read_bytes(), name
-    return first
 
 
 def test_an_asynchronous_run_on_the_virtual_clock_trains_the_same_again(tmp_path):
