@@ -58,7 +58,9 @@ def cmd_launch(args) -> int:
     if fitted is not None:
         print(fitted.describe(), flush=True)
     resumed = ({"given": f"the resumed run's ({Path(args.resume) / 'config.json'})"}
-               if args.resume else {})
+               if args.resume else
+               {"given": f"the fastest device of --profile {cfg.profile}"} if cfg.profile
+               else {})
     cfg, step = with_reference_step(cfg, split, **resumed)
     if step is not None:
         print(step, flush=True)
@@ -79,7 +81,7 @@ def launch_config(args):
     if args.resume:
         _check_resumable(base, cfg, args.resume)
         return cfg, None
-    cfg = with_text_defaults(cfg, given=vars(args))
+    cfg = with_text_defaults(cfg, given=vars(args)).with_profile(vars(args))
     # the whole cluster is fitted, also when -m local then runs only its fastest device
     cfg, fitted = fit_config(cfg, given_scale="speed_scale" in vars(args))
     return _on_the_fastest_devices(cfg, given=vars(args)), fitted
@@ -91,8 +93,9 @@ def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
     most = cfg.spec.max_workers
     if most is None or cfg.workers <= most or "workers" in given:
         return cfg
-    slowdowns = cfg.slowdowns if "slowdowns" in given else sorted(cfg.slowdowns)[:most]
-    return dataclasses.replace(cfg, workers=most, slowdowns=tuple(slowdowns))
+    if "slowdowns" in given:
+        return dataclasses.replace(cfg, workers=most)
+    return cfg.fastest_devices(most)
 
 
 def _resumed_config(run_dir: str) -> Config:
@@ -172,7 +175,7 @@ def worker_config(args) -> Config:
     cfg = config_from_args(args, base)
     if base is WORKER_DEFAULTS:  # (a config file already has launch's defaults)
         cfg = with_text_defaults(cfg, given=vars(args))
-    cfg = cfg.validate()
+    cfg = cfg.with_profile(vars(args)).validate()
     if args.resume:
         _check_resumable(_resumed_config(args.resume), cfg, args.resume)
     return cfg
@@ -304,6 +307,13 @@ def cmd_bench(args) -> int:
     from hetsync.bench.modes import main as modes_main
 
     return modes_main(args.rest) or 0
+
+
+def cmd_probe(args) -> int:
+    from hetsync.bench.probe import options_from_args, run
+
+    run(options_from_args(args), args.workers)
+    return 0
 
 
 def cmd_evaluate(args) -> int:
@@ -439,6 +449,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", nargs="?", choices=("modes", "comm", "state"), default="modes")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("probe", help="measure the devices and links of a cluster (under "
+                       "torchrun, or --workers N here) into a profile for --profile",
+                       description="Time each rank's device at a few batch sizes and the "
+                       "links between the ranks, for the model given; write a profile "
+                       "(JSON) that --clock virtual runs on, and print it.")
+    from hetsync.bench.probe import add_arguments as add_probe_arguments
+
+    add_probe_arguments(p)
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("evaluate", help="evaluate a run's deferred snapshots into its "
                        "eval.jsonl (launch runs this beside the workers)",

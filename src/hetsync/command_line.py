@@ -77,12 +77,12 @@ OPTION_PREFIX = "option."
 #: `--help`'s sections, the common flags first: every flagged `Config` field in one of them
 #: (tests/test_config.py)
 SECTIONS = {
-    "the run": ("mode", "workers", "slowdowns", "clock", "time_budget", "epochs", "target_acc",
+    "the run": ("mode", "workers", "slowdowns", "clock", "profile", "time_budget", "epochs", "target_acc",
                 "target_loss", "seed", "log_dir", "run_name"),
     "the cluster: devices and links": (
         "step_work", "speed_scale", "cores", "oversubscribe", "gpu", "cpu", "threads",
-        "straggle_prob", "straggle_delay", "step_jitter", "collective", "bandwidth",
-        "link_bandwidth", "link_latency", "spare_workers", "spare_start"),
+        "straggle_prob", "straggle_delay", "step_jitter", "jitter_distribution", "collective",
+        "bandwidth", "link_bandwidth", "link_latency", "spare_workers", "spare_start"),
     "training: model, data and optimizer": (
         "network", "dataset", "data_dir", "context", "n_layer", "n_head", "n_embd",
         "batch_size", "balanced_batches", "lr", "lr_schedule", "lr_final", "momentum",

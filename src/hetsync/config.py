@@ -200,6 +200,20 @@ class Config:
     step_jitter: float = field(default=0.0, metadata={"flags": ("--step-jitter",),
         "help": "--clock virtual: sigma of a seeded lognormal draw (mean 1) that multiplies "
                 "each step's time (0: every step of a device takes the same time)"})
+    jitter_distribution: str = field(default="lognormal", metadata={
+        "flags": ("--jitter-distribution",),
+        "help": "--clock virtual: --step-jitter's draw: lognormal (mean 1, as FedScale "
+                "draws it) or half-normal (1 + sigma x |z|: a step is only ever slower, as "
+                "FLSim draws it)"})
+    profile: str | None = field(default=None, metadata={"flags": ("--profile",),
+        "help": "FILE: a cluster profile (JSON: each device's seconds per step and per "
+                "sample, the links, the jitter; `hetsync probe` writes one) that times the "
+                "run on the virtual clock: implies --clock virtual, and gives --workers, the "
+                "devices' speeds and the reference step; its links and jitter unless "
+                "--link-latency, --link-bandwidth or --step-jitter are given"})
+    #: each device's seconds per step whatever its batch (a profile's `step_s`; set by
+    #: `with_profile`, not a flag): only the rest of a step scales with its samples
+    step_overheads: tuple[float, ...] = field(default=(), metadata={"flags": ()})
     seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "random seed"})
     threads: int = field(default=1, metadata={"flags": ("--threads",),
                          "help": "torch intra-op threads per worker"})
@@ -346,10 +360,69 @@ class Config:
 
     def step_work_of(self, rank: int) -> float | None:
         """The reference device's work for worker `rank`'s batch (its step is topped up to
-        F × this): `step_work` is measured on -b; a step's work is taken as its samples'."""
+        F × this): `step_work` is measured on -b; a step's work is taken as its samples',
+        but for the device's fixed part per step (`step_overhead_of`)."""
         if self.step_work is None:
             return None
-        return self.step_work * self.batch_of(rank) / self.batch_size
+        fixed, whole = self.step_overhead_of(rank), self.step_work * self.slowdown_of(rank)
+        return (fixed + (whole - fixed) * self.batch_of(rank) / self.batch_size) \
+            / self.slowdown_of(rank)
+
+    def step_overhead_of(self, rank: int) -> float:
+        """Worker `rank`'s seconds per step whatever its batch (a profile's; else 0)."""
+        return self.step_overheads[rank] if rank < len(self.step_overheads) else 0.0
+
+    def fastest_devices(self, count: int) -> "Config":
+        """This cluster cut to its `count` fastest devices (ties by rank), each as it was."""
+        ranks = sorted(range(self.workers), key=lambda r: (self.slowdown_of(r), r))[:count]
+        return dataclasses.replace(
+            self, workers=count,
+            slowdowns=tuple(self.slowdowns[r] for r in ranks) if self.slowdowns else (),
+            step_overheads=tuple(map(self.step_overhead_of, ranks)) if self.step_overheads
+            else ())
+
+    def with_profile(self, given) -> "Config":
+        """This config on `--profile`'s devices, links and jitter (`hetsync.clock.profile`;
+        `given`: the fields given on the command line, which a profile's links and jitter do
+        not override); itself without a profile. ConfigError naming the flag that cannot go
+        with one, or what is wrong in the file."""
+        from hetsync.clock import format_rate
+        from hetsync.clock.profile import ProfileError, load
+
+        if self.profile is None:
+            return self
+        try:
+            profile = load(self.profile)
+        except ProfileError as err:
+            raise ConfigError(f"--profile: {err}") from None
+        devices = len(profile.devices)
+        if "workers" in given and self.workers != devices:
+            raise invalid_option(self, "workers", f"{devices} (the devices of --profile "
+                                 f"{self.profile}), or leave it out")
+        for name in ("slowdowns", "step_work", "speed_scale"):
+            if name in given:
+                raise invalid_option(self, name, "left out with --profile (the profile gives "
+                                     "the devices' speeds)")
+        if "clock" in given and self.clock != "virtual":
+            raise invalid_option(self, "clock", "virtual with --profile")
+        slowdowns = profile.slowdowns(self.batch_size)
+        if max(slowdowns) > MAX_SLOWDOWN:
+            raise ConfigError(f"--profile: {self.profile}: its slowest device is "
+                              f"{max(slowdowns):g} times slower than its fastest at -b "
+                              f"{self.batch_size}; at most {MAX_SLOWDOWN:g} is valid")
+        changes: dict[str, Any] = dict(
+            clock="virtual", workers=devices, slowdowns=slowdowns, speed_scale=1.0,
+            step_work=min(d.seconds(self.batch_size) for d in profile.devices),
+            step_overheads=tuple(d.step_s for d in profile.devices))
+        link = profile.slowest_link
+        if "link_latency" not in given:
+            changes["link_latency"] = link.latency_s
+        if "link_bandwidth" not in given:
+            changes["link_bandwidth"] = format_rate(link.bandwidth_bps)
+        if "step_jitter" not in given:
+            changes.update(step_jitter=profile.jitter.sigma,
+                           jitter_distribution=profile.jitter.distribution)
+        return dataclasses.replace(self, **changes)
 
     def sample_weight_of(self, rank: int) -> float:
         """Worker `rank`'s share of a step's samples × P (1 when every batch is -b): a sum of
@@ -376,6 +449,7 @@ class Config:
     # ------------------------------------------------------------------ validation
     def _check_clock(self, bad) -> None:
         from hetsync.clock import CLOCKS, parse_rate
+        from hetsync.clock.profile import JITTERS
 
         if self.clock not in CLOCKS:
             raise bad("clock", " or ".join(CLOCKS))
@@ -386,7 +460,9 @@ class Config:
         if not 0 <= self.link_latency <= 1:
             raise bad("link_latency", "seconds in [0, 1]")
         if not 0 <= self.step_jitter <= 2:
-            raise bad("step_jitter", "a lognormal sigma in [0, 2]")
+            raise bad("step_jitter", "a sigma in [0, 2]")
+        if self.jitter_distribution not in JITTERS:
+            raise bad("jitter_distribution", " or ".join(JITTERS))
         if self.clock == "wall":
             if self.step_jitter:
                 raise bad("step_jitter", "0 unless --clock virtual")
@@ -572,6 +648,13 @@ class Config:
         if any(not 1 <= f <= MAX_SLOWDOWN for f in self.slowdowns):
             raise invalid_option(self, "slowdowns", f"factors in 1..{MAX_SLOWDOWN:g} (1 = full "
                                                     f"speed, 2 = half speed)")
+        if self.step_overheads and (
+                len(self.step_overheads) != self.workers
+                or any(not 0 <= o <= self.step_work * self.slowdown_of(r) + 1e-12
+                       for r, o in enumerate(self.step_overheads))):
+            raise ConfigError(f"step_overheads: invalid value {list(self.step_overheads)}; "
+                              f"expected {self.workers} seconds per step, each within its "
+                              f"device's step (set by --profile)")
 
     def _check_optimizer(self) -> None:
         """The mode applies the local optimizer as given, or says why not (one line): e.g.
@@ -698,6 +781,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["slowdowns"], d["plugins"] = list(self.slowdowns), list(self.plugins)
+        d["step_overheads"] = list(self.step_overheads)
         d["options"] = dict(self.options)
         return d
 
@@ -713,9 +797,9 @@ class Config:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
-        for key in ("slowdowns", "plugins"):  # JSON lists; their items are checked below
+        for key in ("slowdowns", "plugins", "step_overheads"):  # JSON lists; checked below
             if isinstance(data.get(key), list):
-                data[key] = tuple(float(x) if key == "slowdowns" and is_a(x, float) else x
+                data[key] = tuple(float(x) if key != "plugins" and is_a(x, float) else x
                                   for x in data[key])
         if not isinstance(data.get("options", {}), dict):
             raise ConfigError(f"config key 'options' must be an object, got "

@@ -282,7 +282,8 @@ def base_config(args) -> Config:
     given = given_fields(args)
     if "epochs" in vars(args):  # a budget of data instead of time
         given["time_budget"] = None
-    cfg = with_text_defaults(dataclasses.replace(BENCH_DEFAULTS, **given), vars(args))
+    cfg = with_text_defaults(dataclasses.replace(BENCH_DEFAULTS, **given),
+                             vars(args)).with_profile(given)
     if cfg.slowdowns or not 1 <= cfg.workers <= MAX_WORKERS:  # (refused by `_check`)
         return cfg
     return dataclasses.replace(cfg, slowdowns=tuple(float(2 ** i) for i in range(cfg.workers)))
@@ -303,7 +304,7 @@ def make_run(args, base: Config, label: str, choice: LrChoice, mode: str | None 
     fields = {"run_name": label, "mode": spec.name, "lr": choice.lr,
               "options": mode_options(args, spec), **changes}
     if spec.max_workers == 1:  # alone on the cluster's fastest device, at its speed
-        fields.update(workers=1, slowdowns=base.slowdowns and (min(base.slowdowns),))
+        base = base.fastest_devices(1)
     if not spec.collective:  # it aggregates with its own transport
         fields["collective"] = "native"
     cfg = dataclasses.replace(base, **fields).validate()
@@ -641,7 +642,9 @@ def _setup(args, base: Config) -> dict:
             "data injection": "on" if base.inject else "off",
             "clock": (f"virtual: every time in this table is modelled (links "
                       f"{base.make_clock().link.describe()}, step jitter "
-                      f"{base.step_jitter:g}), the gradients real"
+                      f"{base.step_jitter:g} {base.jitter_distribution}"
+                      + (f"; devices of --profile {base.profile}" if base.profile else "")
+                      + "), the gradients real"
                       if base.clock == "virtual" else "wall (emulated devices sleep to their "
                                                       "speed)"),
             "bandwidth per host": base.bandwidth or "unlimited (loopback)",

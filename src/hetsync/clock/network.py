@@ -52,6 +52,14 @@ def parse_rate(text: str) -> float:
     return float(match.group(1)) * _UNIT[match.group(2)]
 
 
+def format_rate(bps: float) -> str:
+    """A rate in bits per second as `parse_rate` reads it (1e10 -> '10gbit')."""
+    for unit in ("gbit", "mbit", "kbit"):
+        if bps >= _UNIT[unit] or unit == "kbit":
+            return f"{bps / _UNIT[unit]:.6f}".rstrip("0").rstrip(".") + unit
+    raise AssertionError("unreachable")
+
+
 @dataclass(frozen=True)
 class Link:
     """One worker's link: `latency_s` (α) and `bandwidth_bps` (bits per second)."""

@@ -39,8 +39,10 @@ every run of a bench, should run at the speeds they are said to.
 
 **On a virtual clock** (`hetsync.clock`) nothing sleeps: a step costs the device's time for
 it, spent on the worker's virtual clock — F × the reference work × the step's share of the
-device's batch, times a seeded lognormal jitter of mean 1 where `--step-jitter` σ > 0 (as
-FedScale and FLSim draw a client's duration), plus a straggler's delay. The reference work is
+device's batch, times a seeded jitter draw where `--step-jitter` σ > 0 (lognormal of mean 1,
+as FedScale draws a client's duration, or half-normal, 1 + σ|z|, as FLSim does), plus a
+straggler's delay. A device of a profile (`hetsync.clock.profile`) also has a fixed part per
+step, whatever its batch (`fixed`): only the rest scales with the step's samples. The reference work is
 then always given (`launch` and `bench` measure it once before the workers start), so a run's
 times do not depend on how fast this machine computes its steps.
 
@@ -116,7 +118,8 @@ class StepTimer:
 
     def __init__(self, factor: float = 1.0, cpu_device: bool = True,
                  straggler: RandomStraggler | None = None, work: float | None = None,
-                 clock=None, jitter: float = 0.0, seed: int = 0):
+                 clock=None, jitter: float = 0.0, seed: int = 0,
+                 jitter_distribution: str = "lognormal", fixed: float = 0.0):
         if factor < 1:
             raise ValueError(f"slowdown factor must be >= 1, got {factor}")
         if work is not None and not work > 0:
@@ -129,7 +132,12 @@ class StepTimer:
                              "(--step-work)")
         if not 0 <= jitter < float("inf"):
             raise ValueError(f"the step jitter must be >= 0, got {jitter}")
-        self._jitter = jitter
+        if jitter_distribution not in ("lognormal", "half-normal"):
+            raise ValueError(f"the step jitter's distribution must be lognormal or "
+                             f"half-normal, got {jitter_distribution!r}")
+        if not 0 <= fixed <= factor * (work or 0.0) + 1e-12 and fixed:
+            raise ValueError(f"a step's fixed part ({fixed} s) must be in [0, its whole time]")
+        self._jitter, self._distribution, self.fixed = jitter, jitter_distribution, fixed
         self._rng = random.Random(seed)
         self.factor, self.cpu_device = factor, cpu_device
         #: the reference work per step, fixed (None: the median of the first steps)
@@ -152,12 +160,13 @@ class StepTimer:
         return self.started
 
     def virtual_seconds(self, share: float = 1.0) -> float:
-        """A step's time on the virtual clock: F × work × share × jitter + a straggler's
-        delay (the module docstring)."""
-        seconds = self.factor * self.work * share
-        if self._jitter > 0:  # lognormal of mean 1: exp(σz − σ²/2)
-            seconds *= math.exp(self._jitter * self._rng.gauss(0.0, 1.0)
-                                - self._jitter ** 2 / 2)
+        """A step's time on the virtual clock: (fixed + (F × work − fixed) × share) × jitter
+        + a straggler's delay (the module docstring)."""
+        seconds = self.fixed + (self.factor * self.work - self.fixed) * share
+        if self._jitter > 0:
+            z = self._rng.gauss(0.0, 1.0)
+            seconds *= (1 + self._jitter * abs(z) if self._distribution == "half-normal"
+                        else math.exp(self._jitter * z - self._jitter ** 2 / 2))  # mean 1
         return seconds + self._straggle(self.work)
 
     def _straggle(self, work: float) -> float:

@@ -275,7 +275,9 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         timer=StepTimer(cfg.slowdown_of(rank), cpu_device=device.type == "cpu",
                                         straggler=cfg.straggler_of(rank),
                                         work=cfg.step_work_of(rank), clock=cfg.make_clock(),
-                                        jitter=cfg.step_jitter, seed=cfg.seed * 7919 + rank),
+                                        jitter=cfg.step_jitter, seed=cfg.seed * 7919 + rank,
+                                        jitter_distribution=cfg.jitter_distribution,
+                                        fixed=cfg.step_overhead_of(rank)),
                         sample_weight=cfg.sample_weight_of(rank), joining=join,
                         run_workers=cfg.workers)
     mode = assembly.mode
@@ -518,7 +520,9 @@ def _clock_info(cfg: Config, mode, real_s: float) -> dict:
     real seconds its training took (this worker's)."""
     info = mode.comm.clock.source.describe()
     if cfg.clock == "virtual":
-        info.update(step_jitter=cfg.step_jitter, step_work=cfg.step_work,
+        info.update(step_jitter=cfg.step_jitter, jitter_distribution=cfg.jitter_distribution,
+                    profile=cfg.profile, step_overheads=list(cfg.step_overheads),
+                    step_work=cfg.step_work,
                     slowdowns=[cfg.slowdown_of(r) for r in range(cfg.workers)],
                     real_s=real_s)
     return info

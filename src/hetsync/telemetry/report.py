@@ -59,8 +59,12 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
         from hetsync.clock import Link
 
         link = Link(clock["latency_s"], clock["bandwidth_bps"])
-        print(f"virtual clock: every time above is modelled (links {link.describe()}, step "
-              f"jitter {clock.get('step_jitter', 0):g}, reference step "
+        print(f"virtual clock: every time above is modelled ("
+              + (f"devices of profile {clock['profile']}, " if clock.get("profile") else "")
+              + f"links {link.describe()}, step jitter {clock.get('step_jitter', 0):g}"
+              + (f" {clock.get('jitter_distribution', 'lognormal')}"
+                 if clock.get("step_jitter") else "")
+              + ", reference step "
               f"{1000 * (clock.get('step_work') or 0):.2f} ms); {s['wall_s']:.1f} virtual s "
               f"in {clock.get('real_s', 0):.1f} real s ("
               f"{s['wall_s'] / max(clock.get('real_s') or 0, 1e-9):.2f} virtual s per real s)",

@@ -1,0 +1,175 @@
+"""Cluster profiles (`hetsync.clock.profile`): what a device and a link cost, read from a file
+that `hetsync probe` writes or a user writes by hand, and a virtual run timed by one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetsync.clock import Link, VirtualClock
+from hetsync.clock.profile import ClusterProfile, Device, ProfileError, load, parse
+from hetsync.config import Config
+from hetsync.options import ConfigError
+from hetsync.runtime.heterogeneity import StepTimer
+from hetsync.runtime.launcher import launch
+
+#: a fast device (6 ms for 64 samples, a third of it fixed) and two of a slow one
+TWO_KINDS = {"format": "hetsync-profile", "version": 1, "source": "a test",
+             "devices": [{"name": "fast", "step_s": 0.002, "sample_s": 6.25e-5},
+                         {"name": "slow", "count": 2, "step_s": 0.004, "sample_s": 2.5e-4,
+                          "link": {"latency_s": 1e-4, "bandwidth_bps": 1e9}}],
+             "link": {"latency_s": 2e-5, "bandwidth_bps": 1e10}}
+
+
+def _file(tmp_path: Path, data) -> str:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_a_profile_gives_each_device_its_time_and_prices_messages_on_the_slowest_link(tmp_path):
+    profile = load(_file(tmp_path, TWO_KINDS))
+    assert [d.name for d in profile.devices] == ["fast", "slow", "slow"]
+    assert profile.devices[0].seconds(64) == pytest.approx(0.006)
+    assert profile.devices[1].seconds(16) == pytest.approx(0.008)
+    assert profile.slowdowns(64) == pytest.approx((1.0, 0.02 / 0.006, 0.02 / 0.006))
+    assert profile.slowest_link == Link(1e-4, 1e9)
+    again = tmp_path / "again.json"
+    profile.save(again)  # what is saved reads back the same
+    assert load(again) == profile
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"devices": []}, "devices: expected a non-empty list"),
+    ({"devices": [{"step_s": 0.1}]}, "devices[0]: missing ['sample_s']"),
+    ({"devices": [{"step_s": -1, "sample_s": 0}]}, "devices[0].step_s: invalid value -1"),
+    ({"devices": [{"step_s": 0, "sample_s": 0}]}, "both 0"),
+    ({"devices": [{"step_s": 0.1, "sample_s": 0, "count": 0}]}, "devices[0].count"),
+    ({"devices": [{"step_s": 0.1, "sample_s": 0, "speed": 3}]}, "unknown key(s) ['speed']"),
+    ({"link": {"bandwidth_bps": 0}}, "link.bandwidth_bps: invalid value 0; expected a number > 0"),
+    ({"jitter": {"distribution": "uniform"}}, "expected one of lognormal, half-normal"),
+    ({"version": 2}, "this hetsync reads version 1"),
+    ({"gpus": 4}, "unknown key(s) ['gpus']"),
+])
+def test_a_bad_profile_is_one_line_naming_the_key(change, needle):
+    with pytest.raises(ProfileError) as err:
+        parse({**TWO_KINDS, **change})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_profiles_config_has_its_devices_and_a_steps_fixed_part_does_not_scale(tmp_path):
+    cfg = Config(profile=_file(tmp_path, TWO_KINDS), balanced_batches=True,
+                 mode="sync").with_profile(given={"profile"})
+    assert (cfg.clock, cfg.workers, cfg.step_work) == ("virtual", 3, pytest.approx(0.006))
+    assert cfg.link_latency == 1e-4 and cfg.link_bandwidth == "1gbit"
+    assert [cfg.batch_of(r) for r in range(3)] == [64, 19, 19]
+    # each device's step of its own batch costs what the profile says, whatever the batch
+    for rank, device in enumerate(load(cfg.profile).devices):
+        timer = StepTimer(cfg.slowdown_of(rank), work=cfg.step_work_of(rank),
+                          clock=VirtualClock(), fixed=cfg.step_overhead_of(rank))
+        assert timer.virtual_seconds() == pytest.approx(device.seconds(cfg.batch_of(rank)))
+        assert timer.virtual_seconds(0.5) == pytest.approx(
+            device.step_s + device.sample_s * cfg.batch_of(rank) / 2)
+    alone = cfg.fastest_devices(1)  # the bench's reference: the fast device as it was
+    assert (alone.workers, alone.slowdowns, alone.step_overheads) == (1, (1.0,), (0.002,))
+    given = Config(profile=cfg.profile, link_bandwidth="100mbit").with_profile(
+        given={"profile", "link_bandwidth"})
+    assert given.link_bandwidth == "100mbit"  # a link flag given outweighs the profile's
+
+
+@pytest.mark.parametrize("given,needle", [
+    ({"workers": 4}, "--workers: invalid value 4; expected 3 (the devices of --profile"),
+    ({"slowdowns": (1.0, 2.0, 2.0)}, "--slowdowns: invalid value"),
+    ({"clock": "wall"}, "--clock: invalid value 'wall'; expected virtual with --profile"),
+])
+def test_flags_a_profile_decides_are_refused_beside_it(tmp_path, given, needle):
+    with pytest.raises(ConfigError) as err:
+        Config(profile=_file(tmp_path, TWO_KINDS), **given).with_profile(
+            given={"profile", *given})
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_missing_profile_is_one_line_from_the_command_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hetsync", "launch", "--profile",
+                           str(tmp_path / "nowhere.json")], capture_output=True, text=True)
+    assert done.returncode != 0
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    assert len(lines) == 1 and "--profile:" in lines[0] and "nowhere.json" in lines[0], lines
+
+
+def test_a_virtual_run_on_a_profile_spends_each_devices_time_on_each_step(tmp_path):
+    profile = _file(tmp_path, {**TWO_KINDS, "jitter": {"distribution": "half-normal",
+                                                       "sigma": 0.2}})
+    cfg = Config(mode="sync", profile=profile, time_budget=0.6, epochs=None, eval_interval=0.3,
+                 log_dir=str(tmp_path), run_name="profiled", seed=1).with_profile({"profile"})
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["clock"]["profile"] == profile
+    for rank, device in enumerate(load(profile).devices):
+        records = [json.loads(line) for line in
+                   (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
+        assert len(records) >= 10
+        steps = [r["compute_s"] for r in records]
+        # half-normal jitter: never faster than the device, slower on average by σ√(2/π)
+        assert min(steps) >= device.seconds(64) - 1e-12
+        mean = sum(steps) / len(steps)
+        assert device.seconds(64) * 1.05 < mean < device.seconds(64) * 1.35
+
+
+# ----------------------------------------------------------------------------- hetsync probe
+def test_the_probes_fits_recover_a_known_device_and_link():
+    from hetsync.bench.probe import fit_device, fit_pair, fit_ring
+
+    device = Device("d", 0.002, 5e-5)
+    assert fit_device([16, 32, 64], [device.seconds(b) for b in (16, 32, 64)]) == \
+        pytest.approx((0.002, 5e-5))
+    assert fit_device([16, 64], [0.01, 0.009]) == pytest.approx((0.0095, 0.0))  # no slope
+    # a line that would cross 0 goes through it: least squares through the origin
+    assert fit_device([16, 64], [0.001, 0.008]) == pytest.approx(
+        (0.0, (16 * 0.001 + 64 * 0.008) / (16 ** 2 + 64 ** 2)))
+    link, sizes = Link(3e-5, 4e9), (64, 4 << 20)
+    from hetsync.clock import all_reduce_seconds
+
+    ring = fit_ring(sizes, [all_reduce_seconds("ring", 4, s, link) for s in sizes], 4)
+    assert ring.latency_s == pytest.approx(3e-5) and ring.bandwidth_bps == pytest.approx(4e9)
+    pair = fit_pair(sizes, [link.message_seconds(s) for s in sizes])
+    assert pair.latency_s == pytest.approx(3e-5) and pair.bandwidth_bps == pytest.approx(4e9)
+
+
+def test_probe_measures_emulated_devices_into_a_profile_a_virtual_run_takes(tmp_path):
+    out = tmp_path / "probed.json"
+    done = subprocess.run([sys.executable, "-m", "hetsync", "probe", "--workers", "2",
+                           "--slowdowns", "1,4", "--batch-sizes", "8,32", "--steps", "5",
+                           "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 1:" in done.stdout and f"wrote {out}" in done.stdout
+    profile = load(out)
+    fast, slow = profile.devices
+    # the slow device sleeps its steps up to 4x its real ones (each device is timed in
+    # turn, so a busy machine may slow either one's real steps: only the order is sure)
+    assert slow.seconds(32) / fast.seconds(32) > 1.5
+    assert profile.link.bandwidth_bps > 0 and "measured by hetsync probe" in profile.source
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probed.json"]  # nothing else left
+    cfg = Config(mode="sync", profile=str(out), time_budget=0.3, epochs=None,
+                 eval_interval=0.3, log_dir=str(tmp_path / "runs"),
+                 run_name="on-probed").with_profile({"profile"})
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    assert json.loads((run_dir / "run.json").read_text())["train_time"] >= 0.3
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--slowdowns", "1,2"], "--slowdowns: invalid value 1.0,2.0; expected 1 factors"),
+    (["--batch-sizes", "0,8"], "--batch-sizes: invalid value '0,8'"),
+    (["-n", "nonet"], "-n/--network: invalid value 'nonet'"),
+    (["-o", "/no/such/folder/p.json"], "-o/--out: invalid value"),
+])
+def test_probes_bad_flags_are_one_line(argv, needle):
+    done = subprocess.run([sys.executable, "-m", "hetsync", "probe", *argv],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
