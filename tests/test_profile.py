@@ -173,3 +173,51 @@ def test_probes_bad_flags_are_one_line(argv, needle):
                           capture_output=True, text=True, timeout=120)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
+
+
+# ----------------------------------------------------------------------------- hetsync advise
+def test_advise_tries_all_devices_then_cuts_where_speeds_differ():
+    from hetsync.bench.advise import Candidate, capacity, fastest_of, rank, subsets
+
+    profile = parse({"devices": [{"step_s": 0, "sample_s": s, "count": c} for s, c in
+                                 ((1e-4, 2), (1.02e-4, 1), (4e-4, 3), (8e-4, 1))]})
+    # 7 devices: cuts after the 3 near-equal fast ones and after the 3 of speed 1/4
+    assert subsets(profile, 64, most=3) == [7, 6, 3]
+    assert subsets(profile, 64, most=1) == [7]
+    three = fastest_of(profile, 3, 64)
+    assert [d.sample_s for d in three.devices] == [1e-4, 1e-4, 1.02e-4]
+    assert capacity(three, 64) == pytest.approx(2 + 1 / 1.02)
+    c = lambda name, tta, final: Candidate(name, 2, 0.1, None, tta, final, 2.0)  # noqa: E731
+    ranked = rank([c("late", 9.0, 0.9), c("missed", None, 0.89), c("soon", 3.0, 0.86),
+                   c("missed-worse", None, 0.8)], higher_is_better=True)
+    assert [x.scheme for x in ranked] == ["soon", "late", "missed", "missed-worse"]
+
+
+@pytest.mark.slow
+def test_advise_ranks_schemes_and_the_fastest_device_and_writes_the_winners_settings(tmp_path):
+    profile = _file(tmp_path, {"devices": [{"name": "fast", "step_s": 0, "sample_s": 1e-4},
+                                           {"name": "slow", "step_s": 0, "sample_s": 3e-4}]})
+    out = tmp_path / "advice"
+    done = subprocess.run([sys.executable, "-m", "hetsync", "advise", profile, "--budget", "1",
+                           "--modes", "sync", "--reference", "sgd", "--subsets", "1",
+                           "--target", "0.6", "-o", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    advice = json.loads((out / "advice.json").read_text())
+    schemes = {(c["scheme"], c["devices"]) for c in advice["ranked"]}
+    assert schemes == {("sync", 2), ("fastest device alone, sgd", 1)}
+    alone = next(c for c in advice["ranked"] if c["devices"] == 1)
+    assert alone["tta"] is not None and alone["vs_fastest"] == pytest.approx(1.0)
+    winner = advice["ranked"][0]
+    assert winner["tta"] == min(c["tta"] for c in advice["ranked"] if c["tta"] is not None)
+    assert any("hetsync" in line for line in advice["settings"])
+    assert (out / "figures" / "accuracy.png").is_file() and "advice:" in done.stdout
+
+
+def test_advise_refuses_a_bad_profile_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hetsync", "advise",
+                           _file(tmp_path, {"devices": []}), "-o", str(tmp_path / "a")],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "devices: expected a non-empty" in \
+        lines[0], done.stderr

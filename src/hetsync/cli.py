@@ -316,6 +316,12 @@ def cmd_probe(args) -> int:
     return 0
 
 
+def cmd_advise(args) -> int:
+    from hetsync.bench.advise import advise, options
+
+    return advise(options(args))
+
+
 def cmd_evaluate(args) -> int:
 
     from hetsync.runtime.evaluation import follow, lower_priority
@@ -459,6 +465,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_probe_arguments(p)
     p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("advise", help="which devices of a profile, which scheme: candidates "
+                       "ranked on the virtual clock",
+                       description="On the devices and links of PROFILE (hetsync probe's), "
+                       "train the candidate schemes on subsets of the devices and the fastest "
+                       "device alone for a short virtual budget each, rank them by predicted "
+                       "time to the target, draw their curves and write the winner's settings.")
+    from hetsync.bench.advise import add_arguments as add_advise_arguments
+
+    add_advise_arguments(p)
+    p.set_defaults(func=cmd_advise)
 
     p = sub.add_parser("evaluate", help="evaluate a run's deferred snapshots into its "
                        "eval.jsonl (launch runs this beside the workers)",

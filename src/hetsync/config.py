@@ -384,12 +384,13 @@ class Config:
     def with_profile(self, given) -> "Config":
         """This config on `--profile`'s devices, links and jitter (`hetsync.clock.profile`;
         `given`: the fields given on the command line, which a profile's links and jitter do
-        not override); itself without a profile. ConfigError naming the flag that cannot go
-        with one, or what is wrong in the file."""
+        not override); itself unless --profile is among them (a config file's profile was
+        applied when it was written, perhaps then cut to fewer devices: `fastest_devices`).
+        ConfigError naming the flag that cannot go with one, or what is wrong in the file."""
         from hetsync.clock import format_rate
         from hetsync.clock.profile import ProfileError, load
 
-        if self.profile is None:
+        if self.profile is None or "profile" not in given:
             return self
         try:
             profile = load(self.profile)

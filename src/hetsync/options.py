@@ -95,6 +95,20 @@ def bounded_int(low: int, high: int, what: str):
     return parse
 
 
+def bounded_float(low: float, high: float, what: str):
+    """A parser of one number in (low, high]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low < value <= high):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; expected {what} in "
+                                             f"({low:g}, {high:g}]")
+        return value
+    return parse
+
+
 def parse_target(text: str) -> float:
     """A target of a run's figure of merit (summarize's --targets, plot's --target): a finite
     number > 0; whether it is an accuracy in (0, 1] is checked against the run's metric."""

@@ -14,7 +14,7 @@ from hetsync.cli import build_parser
 
 #: the commands in the order a user meets them (`bench comm` and `bench state` have their own
 #: `--help`)
-COMMANDS = ("launch", "worker", "bench", "probe", "summarize", "plot", "gather", "evaluate",
+COMMANDS = ("launch", "worker", "bench", "probe", "advise", "summarize", "plot", "gather", "evaluate",
             "state-server", "models")
 
 
