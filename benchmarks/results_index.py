@@ -63,9 +63,9 @@ def _about(name: str, paths: list[Path]) -> dict:
             commit = re.search(r"[Cc]ommit `?([0-9a-f]{7})", text)
             info["commit"] = commit.group(1) if commit else ""
         if not info["command"]:
-            command = re.search(r"^(?:\.venv/bin/)?(?:hetsync|python|\.venv/bin/python|bash)"
-                                r" [^\n]+", text, flags=re.M)
-            info["command"] = command.group(0) if command else ""
+            command = re.search(r"^(?:Command: `)?((?:\.venv/bin/)?(?:hetsync|python|"
+                                r"\.venv/bin/python|bash) [^\n`]+)", text, flags=re.M)
+            info["command"] = command.group(1) if command else ""
     return info
 
 

@@ -183,6 +183,7 @@ def report(args, profile: ClusterProfile, docs: dict, metric, stream) -> int:
     why = _why(args, profile, winner, ranked, all_reduce_seconds)
     settings = _settings(args, winner)
     lines = [f"# hetsync advise: {args.profile}", "",
+             f"Command: `hetsync {shlex.join(sys.argv[1:])}`", "",
              f"{len(profile.devices)} devices ({profile.source or 'no source given'}); "
              f"{args.network} on {args.dataset}, batch {args.batch_size}; each candidate "
              f"{args.budget:g} virtual s, seed {args.seed}"
@@ -209,7 +210,7 @@ def report(args, profile: ClusterProfile, docs: dict, metric, stream) -> int:
                             sequential=reference and reference.run_dir,
                             sequential_label=reference and reference.scheme,
                             target=args.target, speedup=False)
-    print("\n" + "\n".join(lines[4:]), file=stream)
+    print("\n" + "\n".join(lines[6:]), file=stream)
     print(f"\nadvice: {out / 'advice.md'}\nfigures: {out / 'figures'} "
           f"({len(figures)} drawn)", file=stream, flush=True)
     return 0

@@ -371,7 +371,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="without torchrun: this many ranks on this machine (default: 1)")
     p.add_argument("--slowdowns", type=float_list(0, MAX_SLOWDOWN, "slowdown factors"),
                    default=(),
-                   help="F1,F2,...: without torchrun, emulated devices as launch runs them")
+                   help="F1,F2,...: each rank an emulated device this many times slower, as "
+                   "launch runs them (one per rank, also under torchrun)")
     p.add_argument("-g", "--gpu", type=int, default=-1, help="GPU index (-1: the CPU)")
     p.add_argument("--threads", type=bounded_int(1, 256, "a number of threads"), default=1,
                    help="torch threads per rank (default: 1, as launch's workers)")
@@ -392,11 +393,10 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def options_from_args(args) -> ProbeOptions:
     """The probe's options; ConfigError naming the flag that is wrong."""
-    if args.slowdowns and "RANK" in os.environ:
-        raise ConfigError("--slowdowns: not under torchrun (its devices are real)")
-    if args.slowdowns and len(args.slowdowns) != args.workers:
+    ranks = int(os.environ.get("WORLD_SIZE", args.workers))  # (torchrun's, or our own)
+    if args.slowdowns and len(args.slowdowns) != ranks:
         raise ConfigError(f"--slowdowns: invalid value {','.join(map(str, args.slowdowns))}; "
-                          f"expected {args.workers} factors (one per --workers)")
+                          f"expected {ranks} factors (one per rank)")
     if any(f < 1 for f in args.slowdowns):
         raise ConfigError(f"--slowdowns: invalid value {','.join(map(str, args.slowdowns))}; "
                           f"expected factors in 1..{MAX_SLOWDOWN:g} (1 = full speed)")
