@@ -144,7 +144,7 @@ def test_the_probes_fits_recover_a_known_device_and_link():
 def test_probe_measures_emulated_devices_into_a_profile_a_virtual_run_takes(tmp_path):
     out = tmp_path / "probed.json"
     done = subprocess.run([sys.executable, "-m", "hetsync", "probe", "--workers", "2",
-                           "--slowdowns", "1,4", "--batch-sizes", "8,32", "--steps", "5",
+                           "--slowdowns", "1,4", "--batch-sizes", "8,32", "--seconds", "0.5",
                            "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1:" in done.stdout and f"wrote {out}" in done.stdout

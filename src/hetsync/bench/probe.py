@@ -5,9 +5,9 @@ or on one machine with `--workers N` (N processes of its own, optionally emulate
 with `--slowdowns`, as `launch` runs them). Each rank:
 
 1. builds the model (`-n`, the zoo's) on its device (`-g`) and the data set's batches;
-2. waits its turn (one device at a time, so that devices sharing a host's cores or its PCIe
-   measure alone, as they would train beside a real job's other hosts), then times `--steps`
-   training steps — data, forward, backward, optimizer — after `--warmup`, at each of
+2. with every other rank at once (as they will train: devices that share a host's cores,
+   its memory bandwidth or its PCIe slow each other down then too), times its training
+   steps — data, forward, backward, optimizer — for `--seconds` after a warm-up, at each of
    `--batch-sizes`; the median of each is its time at that batch, and a least-squares line
    through them gives the device's seconds per step and per sample (`fit_device`);
 3. reads its memory headroom (CUDA: the device's free memory; CPU: the host's available
@@ -46,7 +46,7 @@ from ..clock.network import Link
 from ..clock.profile import ClusterProfile, Device, Jitter
 from ..command_line import ArgumentParser
 from ..config import MAX_SLOWDOWN, Config
-from ..options import ConfigError, bounded_int, float_list
+from ..options import ConfigError, bounded_float, bounded_int, float_list
 
 #: beyond this many ranks, only the pairs with rank 0 are ping-ponged (P − 1, not P(P − 1)/2)
 PAIRS_UP_TO = 8
@@ -62,7 +62,7 @@ class ProbeOptions:
     dataset: str = "fashion-mnist"
     data_dir: str | None = None
     batch_sizes: tuple[int, ...] = (16, 32, 64)
-    steps: int = 20
+    seconds: float = 2.0
     warmup: int = 3
     slowdowns: tuple[float, ...] = ()
     gpu: int = -1
@@ -132,11 +132,14 @@ def _device_name(device) -> str:
     return f"{platform.processor() or platform.machine()} CPU ({socket.gethostname()})"
 
 
-def time_steps(cfg: Config, split, device, batch: int, steps: int, warmup: int,
+def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: int,
                factor: float = 1.0) -> float:
-    """The median wall time of `steps` training steps at `batch` after `warmup`; an emulated
-    device (`factor` > 1) sleeps each step up to `factor` × the real step's median, as
-    `launch` emulates it (`heterogeneity.StepTimer`), and that is what is timed."""
+    """The median wall time of the training steps at `batch` in `seconds` (at least 3) after
+    `warmup`: every rank steps for the same time, so each is measured beside the same
+    neighbours throughout. An emulated device (`factor` > 1) sleeps each step up to
+    `factor` × the median CPU time of its real steps (over the first half of the time: its
+    work without the time neighbours took from it, as `heterogeneity.StepTimer` measures
+    it), and that is what is timed."""
     import torch
 
     from ..runtime.heterogeneity import StepTimer
@@ -149,8 +152,11 @@ def time_steps(cfg: Config, split, device, batch: int, steps: int, warmup: int,
     rng = torch.Generator().manual_seed(cfg.seed + batch)
     n = len(split.train)
 
+    cpu_clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
+    cpu: list[float] = []
+
     def step() -> float:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_clock()
         x, y = split.train.batch(torch.randint(n, (batch,), generator=rng))
         x, y = x.to(device), y.to(device)
         optimizer.zero_grad(set_to_none=True)
@@ -158,19 +164,30 @@ def time_steps(cfg: Config, split, device, batch: int, steps: int, warmup: int,
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - started
+        wall = time.perf_counter() - started
+        cpu.append(wall if device.type == "cuda" else min(wall, cpu_clock() - cpu_started))
+        return wall
 
-    real = [step() for _ in range(warmup + steps)][warmup:]
+    def for_a_while(one, span: float) -> list[float]:
+        out, end = [], time.perf_counter() + span
+        while len(out) < 3 or time.perf_counter() < end:
+            out.append(one())
+        return out
+
+    for _ in range(warmup):
+        step()
     if factor <= 1:
-        return statistics.median(real)
-    timer = StepTimer(factor, cpu_device=device.type == "cpu", work=statistics.median(real))
-    emulated = []
-    for _ in range(steps):
+        return statistics.median(for_a_while(step, seconds))
+    for_a_while(step, seconds / 2)  # (its work: the CPU time of a step, as StepTimer's)
+    timer = StepTimer(factor, cpu_device=device.type == "cpu", work=statistics.median(cpu))
+
+    def emulated() -> float:
         started = timer.begin()
         step()
         timer.emulate()
-        emulated.append(time.perf_counter() - started)
-    return statistics.median(emulated)
+        return time.perf_counter() - started
+
+    return statistics.median(for_a_while(emulated, seconds / 2))
 
 
 def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> None:
@@ -189,25 +206,22 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
     say = (lambda text: print(f"probe: {text}", file=stream, flush=True)) if rank == 0 \
         else (lambda text: None)
     say(f"{world} rank(s), {opts.network} on {opts.dataset}, batches "
-        f"{', '.join(map(str, opts.batch_sizes))}: each device in turn")
-    mine = torch.zeros(3 + len(opts.batch_sizes), dtype=torch.float64)
-    name = torch.zeros(_NAME, dtype=torch.uint8)
-    for turn in range(world):
-        if turn == rank:
-            times = [time_steps(cfg, split, device, b, opts.steps, opts.warmup, factor)
-                     for b in opts.batch_sizes]
-            fixed, per_sample = fit_device(opts.batch_sizes, times)
-            mine[:] = torch.tensor([fixed, per_sample, _memory_headroom(device), *times],
-                                   dtype=torch.float64)
-            raw = _device_name(device).encode()[:_NAME]
-            name[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-            print(f"probe: rank {rank}: "
-                  + ", ".join(f"{1000 * t:.2f} ms at {b}" for b, t in
-                              zip(opts.batch_sizes, times))
-                  + f" -> {1000 * fixed:.3f} ms per step + {1e6 * per_sample:.2f} µs per "
-                  f"sample", file=stream, flush=True)
+        f"{', '.join(map(str, opts.batch_sizes))}: every device at once")
+    times = []
+    for b in opts.batch_sizes:
         if world > 1:
-            dist.barrier()
+            dist.barrier()  # (every rank times the same batch beside the same neighbours)
+        times.append(time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor))
+    fixed, per_sample = fit_device(opts.batch_sizes, times)
+    mine = torch.tensor([fixed, per_sample, _memory_headroom(device), *times],
+                        dtype=torch.float64)
+    name = torch.zeros(_NAME, dtype=torch.uint8)
+    raw = _device_name(device).encode()[:_NAME]
+    name[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    print(f"probe: rank {rank}: "
+          + ", ".join(f"{1000 * t:.2f} ms at {b}" for b, t in zip(opts.batch_sizes, times))
+          + f" -> {1000 * fixed:.3f} ms per step + {1e6 * per_sample:.2f} µs per sample",
+          file=stream, flush=True)
     devices = _gather(mine, world)
     names = _gather(name, world)
     ring, pairs = (None, {}) if world == 1 else _links(rank, world, opts, say)
@@ -229,7 +243,7 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
         ring or Link(), Jitter(),
         source=(f"measured by hetsync probe on {socket.gethostname()} at "
                 f"{time.strftime('%Y-%m-%d %H:%M')}: {opts.network} on {opts.dataset}, "
-                f"batches {', '.join(map(str, opts.batch_sizes))}, {opts.steps} steps each"
+                f"batches {', '.join(map(str, opts.batch_sizes))}, {opts.seconds:g} s each"
                 + (f", emulated slowdowns {', '.join(f'{f:g}' for f in opts.slowdowns)}"
                    if opts.slowdowns else "")))
     profile.save(opts.out)
@@ -365,8 +379,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None, help="where the data set is")
     p.add_argument("--batch-sizes", type=_batches, default=(16, 32, 64),
                    help="B1,B2,...: the batches each device is timed at (default: 16,32,64)")
-    p.add_argument("--steps", type=bounded_int(3, 10_000, "a number of steps"), default=20,
-                   help="timed steps at each batch (default: 20)")
+    p.add_argument("--seconds", type=bounded_float(0, 600, "seconds"), default=2.0,
+                   help="how long each batch size is timed, every rank at once (default: 2)")
     p.add_argument("--workers", type=bounded_int(1, 64, "a number of ranks"), default=1,
                    help="without torchrun: this many ranks on this machine (default: 1)")
     p.add_argument("--slowdowns", type=float_list(0, MAX_SLOWDOWN, "slowdown factors"),
@@ -406,7 +420,7 @@ def options_from_args(args) -> ProbeOptions:
     Config(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
            gpu=args.gpu, batch_size=max(args.batch_sizes)).validate()
     return ProbeOptions(network=args.network, dataset=args.dataset, data_dir=args.data_dir,
-                        batch_sizes=args.batch_sizes, steps=args.steps,
+                        batch_sizes=args.batch_sizes, seconds=args.seconds,
                         slowdowns=tuple(args.slowdowns), gpu=args.gpu, threads=args.threads,
                         out=args.out)
 
