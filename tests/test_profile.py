@@ -86,10 +86,12 @@ def test_a_profiles_config_has_its_devices_and_a_steps_fixed_part_does_not_scale
     ({"workers": 4}, "--workers: invalid value 4; expected 3 (the devices of --profile"),
     ({"slowdowns": (1.0, 2.0, 2.0)}, "--slowdowns: invalid value"),
     ({"clock": "wall"}, "--clock: invalid value 'wall'; expected virtual with --profile"),
+    ({"network": "resnet18", "dataset": "cifar10"},
+     "its devices were timed on lenet, and this run trains -n resnet18"),
 ])
 def test_flags_a_profile_decides_are_refused_beside_it(tmp_path, given, needle):
     with pytest.raises(ConfigError) as err:
-        Config(profile=_file(tmp_path, TWO_KINDS), **given).with_profile(
+        Config(profile=_file(tmp_path, {**TWO_KINDS, "model": "lenet"}), **given).with_profile(
             given={"profile", *given})
     assert needle in str(err.value) and "\n" not in str(err.value)
 
@@ -154,6 +156,7 @@ def test_probe_measures_emulated_devices_into_a_profile_a_virtual_run_takes(tmp_
     # turn, so a busy machine may slow either one's real steps: only the order is sure)
     assert slow.seconds(32) / fast.seconds(32) > 1.5
     assert profile.link.bandwidth_bps > 0 and "measured by hetsync probe" in profile.source
+    assert profile.model == "lenet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["probed.json"]  # nothing else left
     cfg = Config(mode="sync", profile=str(out), time_budget=0.3, epochs=None,
                  eval_interval=0.3, log_dir=str(tmp_path / "runs"),

@@ -396,6 +396,11 @@ class Config:
             profile = load(self.profile)
         except ProfileError as err:
             raise ConfigError(f"--profile: {err}") from None
+        if profile.model is not None and profile.model != self.network:
+            raise ConfigError(f"--profile: {self.profile}: its devices were timed on "
+                              f"{profile.model}, and this run trains -n {self.network}; "
+                              f"probe them on {self.network} (hetsync probe -n "
+                              f"{self.network})")
         devices = len(profile.devices)
         if "workers" in given and self.workers != devices:
             raise invalid_option(self, "workers", f"{devices} (the devices of --profile "

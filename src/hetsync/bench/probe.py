@@ -240,7 +240,7 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
                      None if math.isnan(devices[r][2]) else float(devices[r][2]),
                      worst.get(r))
               for r in range(world)),
-        ring or Link(), Jitter(),
+        ring or Link(), Jitter(), model=opts.network,
         source=(f"measured by hetsync probe on {socket.gethostname()} at "
                 f"{time.strftime('%Y-%m-%d %H:%M')}: {opts.network} on {opts.dataset}, "
                 f"batches {', '.join(map(str, opts.batch_sizes))}, {opts.seconds:g} s each"

@@ -28,7 +28,8 @@ so a fast pair inside a machine is priced like the slowest pair of the cluster. 
      "jitter": {"distribution": "lognormal", "sigma": 0.1}}
 
 Only `devices` (each with `step_s` and `sample_s`) is required; `link` defaults to 10 Gbit/s
-and 20 µs, `jitter` to none. Keys a profile does not know are refused, so a misspelt one is not
+and 20 µs, `jitter` to none; `model` (the model its devices were timed on; `hetsync probe`
+writes it) makes a run of another model refuse the profile. Keys a profile does not know are refused, so a misspelt one is not
 silently ignored.
 """
 
@@ -80,6 +81,8 @@ class ClusterProfile:
     link: Link = field(default_factory=Link)
     jitter: Jitter = field(default_factory=Jitter)
     source: str = ""
+    #: the model its devices were timed on (`hetsync probe -n`), if it says
+    model: str | None = None
 
     @property
     def slowest_link(self) -> Link:
@@ -101,9 +104,12 @@ class ClusterProfile:
             if d.link is not None:
                 item["link"] = _link_json(d.link)
             devices.append(item)
-        return {"format": FORMAT, "version": VERSION, "source": self.source,
-                "devices": devices, "link": _link_json(self.link),
-                "jitter": asdict(self.jitter)}
+        out = {"format": FORMAT, "version": VERSION, "source": self.source,
+               "devices": devices, "link": _link_json(self.link),
+               "jitter": asdict(self.jitter)}
+        if self.model is not None:
+            out["model"] = self.model
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
@@ -163,7 +169,7 @@ def parse(data: Any) -> ClusterProfile:
     """The profile a JSON object describes (the module docstring); ProfileError naming the
     first key that is wrong."""
     data = _keys("the profile", data, ("devices",),
-                 ("format", "version", "source", "link", "jitter"))
+                 ("format", "version", "source", "model", "link", "jitter"))
     if data.get("format", FORMAT) != FORMAT:
         raise ProfileError(f"format: invalid value {data['format']!r}; expected {FORMAT!r}")
     if data.get("version", VERSION) != VERSION:
@@ -200,4 +206,5 @@ def parse(data: Any) -> ClusterProfile:
     return ClusterProfile(tuple(devices), _parse_link("link", data.get("link", {})),
                           Jitter(distribution, _number("jitter.sigma", jitter.get("sigma", 0),
                                                        0, 2)),
-                          str(data.get("source", "")))
+                          str(data.get("source", "")),
+                          None if data.get("model") is None else str(data["model"]))
