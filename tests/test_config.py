@@ -159,8 +159,9 @@ def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
                                                  "expected 0 with -m async: it weighs each"),
     (["-m", "diloco", "--balanced-batches", "1", "--weighting", "uniform"],
      "--weighting: invalid value 'uniform'; expected samples with --balanced-batches 1"),
-    (["--balanced-batches", "1", "--slowdowns", ""], "--balanced-batches: invalid value True; "
-                                                     "expected 0 without --slowdowns"),
+    (["--balanced-batches", "1", "--slowdowns", "", "--clock", "virtual"],
+     "--balanced-batches: invalid value True; expected 0 without --slowdowns or --profile on "
+     "the virtual clock"),
     (["--balanced-batches", "1", "--partition", "dirichlet"],
      "--balanced-batches: invalid value True; expected 0 on --partition dirichlet"),
     (["--balanced-batches", "1", "-b", "7"], "-b/--batch-size: invalid value 7; expected at "

@@ -146,15 +146,15 @@ def test_the_probes_fits_recover_a_known_device_and_link():
 def test_probe_measures_emulated_devices_into_a_profile_a_virtual_run_takes(tmp_path):
     out = tmp_path / "probed.json"
     done = subprocess.run([sys.executable, "-m", "hetsync", "probe", "--workers", "2",
-                           "--slowdowns", "1,4", "--batch-sizes", "8,32", "--seconds", "0.5",
+                           "--slowdowns", "1,10", "--batch-sizes", "8,32", "--seconds", "0.5",
                            "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "rank 1:" in done.stdout and f"wrote {out}" in done.stdout
     profile = load(out)
     fast, slow = profile.devices
-    # the slow device sleeps its steps up to 4x its real ones (each device is timed in
-    # turn, so a busy machine may slow either one's real steps: only the order is sure)
-    assert slow.seconds(32) / fast.seconds(32) > 1.5
+    # the slow device sleeps its steps up to 10x its CPU time per step; a busy machine
+    # stretches the fast one's real steps (by 2-3x beside a CPU-heavy neighbour here)
+    assert slow.seconds(32) / fast.seconds(32) > 2.5
     assert profile.link.bandwidth_bps > 0 and "measured by hetsync probe" in profile.source
     assert profile.model == "lenet"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["probed.json"]  # nothing else left
@@ -224,3 +224,31 @@ def test_advise_refuses_a_bad_profile_in_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "devices: expected a non-empty" in \
         lines[0], done.stderr
+
+
+# ------------------------------------------------------- balanced batches from measured speeds
+def test_balanced_batches_follow_measured_speeds_and_the_sums_count_samples():
+    cfg = Config(workers=3, balanced_batches=True, mode="sync", batch_size=64,
+                 device_speeds=(1.0, 0.5, 0.26))
+    assert [cfg.batch_of(r) for r in range(3)] == [64, 32, 16]
+    weights = [cfg.sample_weight_of(r) for r in range(3)]
+    assert weights == pytest.approx([3 * 64 / 112, 3 * 32 / 112, 3 * 16 / 112])
+    assert Config.from_dict(cfg.to_dict()).device_speeds == cfg.device_speeds
+
+
+def test_a_run_on_real_devices_measures_their_speeds_for_its_balanced_batches(tmp_path):
+    """Two workers on this machine's CPU (no --slowdowns): each times its own steps, the
+    speeds are shared, the batches follow them, and run.json records them."""
+    cfg = Config(mode="sync", workers=2, balanced_batches=True, time_budget=2.0, epochs=None,
+                 eval_interval=2.0, log_dir=str(tmp_path), run_name="measured", timeout=120)
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    saved = json.loads((run_dir / "run.json").read_text())["config"]
+    speeds = saved["device_speeds"]
+    assert len(speeds) == 2 and max(speeds) == 1.0 and all(0 < s <= 1 for s in speeds)
+    measured = Config.from_dict(saved)
+    for rank in range(2):
+        records = [json.loads(line) for line in
+                   (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()]
+        # every step of a worker drew its measured batch
+        assert {r["samples"] // r["local_steps"] for r in records[1:]} == {
+            measured.batch_of(rank)}

@@ -76,8 +76,9 @@ class Config:
                             "help": "mini-batch size per worker (with --balanced-batches: "
                                     "the fastest worker's)"})
     balanced_batches: bool = field(default=False, metadata={"flags": ("--balanced-batches",),
-        "help": "each emulated device's batch in proportion to its speed (--slowdowns): -b "
-                "for the fastest, -b/F (rounded down) for one F times slower than it, so every "
+        "help": "each device's batch in proportion to its speed (--slowdowns or --profile; "
+                "real devices without them: measured by the workers at the start): -b for "
+                "the fastest, -b/F (rounded down) for one F times slower than it, so every "
                 "step takes as long; the sums count samples: sync's gradients, and the "
                 "local-step modes' deltas (--weighting samples); i.i.d. data only (LB-BSP) "
                 "(0/1)"})
@@ -214,6 +215,10 @@ class Config:
     #: each device's seconds per step whatever its batch (a profile's `step_s`; set by
     #: `with_profile`, not a flag): only the rest of a step scales with its samples
     step_overheads: tuple[float, ...] = field(default=(), metadata={"flags": ()})
+    #: each worker's real device's speed relative to the fastest (1), measured by the workers
+    #: at the start for --balanced-batches without --slowdowns (`worker.measured_speeds`;
+    #: not a flag): what the batches follow
+    device_speeds: tuple[float, ...] = field(default=(), metadata={"flags": ()})
     seed: int = field(default=0, metadata={"flags": ("--seed",), "help": "random seed"})
     threads: int = field(default=1, metadata={"flags": ("--threads",),
                          "help": "torch intra-op threads per worker"})
@@ -350,8 +355,16 @@ class Config:
         slowdown ÷ its own, rounded down (no step longer than the fastest's), at least 1."""
         if not self.balanced_batches:
             return self.batch_size
-        fastest = min(self.slowdown_of(r) for r in range(self.workers))
-        return max(1, math.floor(self.batch_size * fastest / self.slowdown_of(rank) + 1e-9))
+        fastest = min(self._relative_slowness(r) for r in range(self.workers))
+        return max(1, math.floor(self.batch_size * fastest / self._relative_slowness(rank)
+                                 + 1e-9))
+
+    def _relative_slowness(self, rank: int) -> float:
+        """What the balanced batches follow: the measured speeds of real devices
+        (`device_speeds`), else the emulated slowdowns."""
+        if rank < len(self.device_speeds):
+            return 1.0 / self.device_speeds[rank]
+        return self.slowdown_of(rank)
 
     def batches_per_step(self) -> float:
         """A step's samples over all workers, in batches of -b: P, or fewer with
@@ -721,9 +734,9 @@ class Config:
         if getattr(self.mode_options(), "weighting", None) not in (None, "samples"):
             raise invalid_option(self.mode_options(), "weighting",
                                  "samples with --balanced-batches 1 (each delta by its samples)")
-        if not self.slowdowns:
-            raise bad("balanced_batches", "0 without --slowdowns: the batches follow the "
-                      "emulated devices' relative speeds")
+        if not self.slowdowns and self.clock == "virtual":
+            raise bad("balanced_batches", "0 without --slowdowns or --profile on the virtual "
+                      "clock: its devices are then all alike")
         if self.effective_partition not in ("iid", "shared"):
             raise bad("balanced_batches", f"0 on --partition {self.effective_partition}: "
                       f"weighted by samples, the fastest devices' own data would count most "
@@ -735,7 +748,7 @@ class Config:
 
     def _least_balanced_batch(self) -> int:
         """The least -b that leaves the slowest device a sample: ⌈F_max/F_min⌉."""
-        slowdowns = [self.slowdown_of(r) for r in range(self.workers)]
+        slowdowns = [self._relative_slowness(r) for r in range(self.workers)]
         return math.ceil(max(slowdowns) / min(slowdowns) - 1e-9)
 
     def _check_balanced_shards(self, name: str, shards: list) -> None:
@@ -788,6 +801,7 @@ class Config:
         d = dataclasses.asdict(self)
         d["slowdowns"], d["plugins"] = list(self.slowdowns), list(self.plugins)
         d["step_overheads"] = list(self.step_overheads)
+        d["device_speeds"] = list(self.device_speeds)
         d["options"] = dict(self.options)
         return d
 
@@ -803,7 +817,7 @@ class Config:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; known: {sorted(known)}")
-        for key in ("slowdowns", "plugins", "step_overheads"):  # JSON lists; checked below
+        for key in ("slowdowns", "plugins", "step_overheads", "device_speeds"):  # JSON lists
             if isinstance(data.get(key), list):
                 data[key] = tuple(float(x) if key != "plugins" and is_a(x, float) else x
                                   for x in data[key])

@@ -7,6 +7,7 @@ rank is the server and ranks 0..workers-1 are the workers.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
@@ -55,7 +56,7 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
     there is one. `join`: this rank was lost and joins the running job in `run_dir`
     (`runtime/membership.py`)."""
     cfg.validate()
-    if cfg.balanced_batches and cfg.step_work is None and cfg.workers > 1:
+    if cfg.balanced_batches and cfg.slowdowns and cfg.step_work is None and cfg.workers > 1:
         raise ConfigError("--balanced-batches: expected --step-work with it (launch and bench "
                           "measure it): a device's step is topped up to F x the reference's "
                           "work for its batch, which a device cannot measure on its own")
@@ -83,11 +84,45 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
                                 store=_elastic_store(world, timeout))
         os.environ.pop("TORCH_GLOO_LAZY_INIT", None)  # (the groups it joins connect at once)
+        if cfg.balanced_batches and not cfg.slowdowns and not (join or spares):
+            cfg = measured_speeds(cfg, rank, world, device, run_dir if resume else None)
     try:
         return _run(cfg, rank, world, device, run_dir, progress, resume, join, spares)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def measured_speeds(cfg: Config, rank: int, world: int, device: torch.device,
+                    resumed: str | Path | None = None) -> Config:
+    """`cfg` with `device_speeds`: each worker's device's speed relative to the fastest's,
+    for --balanced-batches on real devices (no --slowdowns), as LB-BSP plans its batches.
+
+    1. each worker times its own steps at -b (`emulation.measure_step_work`: the median CPU
+       time of a step on a CPU, its wall time after `cuda.synchronize` on a GPU), alone on
+       its device, for at most 3 s;
+    2. one all-reduce (SUM) of a vector with each worker's time in its own slot (a
+       parameter-server rank adds nothing) gives every rank every time;
+    3. speed_i = min_j t_j / t_i, and the batches follow (`Config.batch_of`).
+
+    A resumed run keeps the speeds it started with (its run.json's config, which rank 0
+    wrote): a sampler's position counts batches. Where hetsync departs from LB-BSP:
+    the speeds are measured once, not re-planned as they drift."""
+    from hetsync.runtime.emulation import measure_step_work
+
+    if resumed is not None:
+        try:
+            saved = json.loads((Path(resumed) / "run.json").read_text())["config"]
+        except (OSError, ValueError, KeyError):
+            saved = {}
+        if saved.get("device_speeds"):
+            return dataclasses.replace(cfg, device_speeds=tuple(saved["device_speeds"]))
+    times = torch.zeros(world, dtype=torch.float64)
+    if rank < cfg.workers:
+        times[rank] = measure_step_work(cfg, cfg.load_data(), steps=20, warmup=3, seconds=3.0)
+    dist.all_reduce(times)
+    work = times[:cfg.workers].tolist()
+    return dataclasses.replace(cfg, device_speeds=tuple(min(work) / t for t in work))
 
 
 def _elastic_store(world: int, timeout: datetime.timedelta):
