@@ -87,6 +87,18 @@ def _headline(bench: dict) -> str:
     return ""
 
 
+def _link(path: Path) -> str:
+    """A link to one of a result's files; a folder of figures links its first figure (a
+    link to a folder works on GitHub, not on the documentation site)."""
+    if not path.is_dir():
+        return f"[{path.name}]({path.name})"
+    figures = sorted(path.glob("*.png"), key=lambda f: (f.name != "accuracy.png",
+                                                        f.name != "loss.png", f.name))
+    if not figures:
+        return f"{path.name}/"
+    return f"[{path.name}/]({path.name}/{figures[0].name})"
+
+
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -100,7 +112,7 @@ def index() -> str:
         readers = [p for p in writeups if p.stem != name]
         status = ("current" if _cited(name, CURRENT_READERS) else
                   "record" if _cited(name, readers) else "history")
-        files = ", ".join(f"[{p.name}{'/' if p.is_dir() else ''}]({p.name})" for p in paths)
+        files = ", ".join(_link(p) for p in paths)
         rows.append((info["date"], name, f"| {info['date'] or '—'} | {info['commit'] or '—'} | "
                      f"{status} | {_cell(info['question'])} | {_cell(info['headline'])} | "
                      f"{'`' + _cell(info['command']) + '`' if info['command'] else '—'} | "

@@ -40,6 +40,18 @@ def test_the_results_index_lists_every_result_kept():
     page = (ROOT / "results" / "README.md").read_text()
     assert page == module.index(), ("results/README.md is stale: run "
                                     ".venv/bin/python benchmarks/results_index.py")
-    for path in (ROOT / "results").iterdir():
+    for path in (ROOT / "results").iterdir():  # (a folder: a link into it, or its name)
         if path.name != "README.md":
-            assert f"]({path.name})" in page, path.name
+            assert (f"]({path.name})" in page or f"]({path.name}/" in page
+                    or f"| {path.name}/" in page or f", {path.name}/" in page), path.name
+
+
+def test_the_documentation_site_builds_with_every_link_checked(tmp_path):
+    """`scripts/docs_site.py build`: MkDocs, strict (a warning is an error), over the README,
+    the guides and the results, every internal link and anchor checked."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_site.py"), "build",
+                           "-d", str(tmp_path / "site")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "docs" / "worth-it" / "index.html").is_file()
