@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -213,7 +214,13 @@ def test_advise_ranks_schemes_and_the_fastest_device_and_writes_the_winners_sett
     assert alone["tta"] is not None and alone["vs_fastest"] == pytest.approx(1.0)
     winner = advice["ranked"][0]
     assert winner["tta"] == min(c["tta"] for c in advice["ranked"] if c["tta"] is not None)
-    assert any("hetsync" in line for line in advice["settings"])
+    from hetsync.cli import build_parser
+
+    commands = [line.split(" -m hetsync ", 1)[-1].removeprefix("hetsync ")
+                for line in advice["settings"] if "hetsync " in line and "wrap(" not in line]
+    assert commands
+    for command in commands:  # the winner's settings run as written: every flag is valid
+        build_parser().parse_args(shlex.split(command))
     assert (out / "figures" / "accuracy.png").is_file() and "advice:" in done.stdout
 
 

@@ -254,7 +254,8 @@ def _why(args, profile: ClusterProfile, winner: Candidate, ranked: list[Candidat
 
 def _settings(args, winner: Candidate) -> list[str]:
     budget = f"--time-budget {args.budget:g} --epochs none --lr-schedule cosine"
-    common = f"-n {args.network} --dataset {args.dataset} -b {args.batch_size} --lr {winner.lr:g}"
+    common = (f"-n {args.network} --dataset {args.dataset} -b {args.batch_size} "
+              f"--learning-rate {winner.lr:g}")
     if winner.devices == 1:
         recipe = winner.scheme.split(", ", 1)[-1]
         from .modes import RECIPES
