@@ -57,11 +57,11 @@ def cmd_launch(args) -> int:
     split = preflight(cfg)
     if fitted is not None:
         print(fitted.describe(), flush=True)
-    resumed = ({"given": f"the resumed run's ({Path(args.resume) / 'config.json'})"}
-               if args.resume else
-               {"given": f"the fastest device of --profile {cfg.profile}"} if cfg.profile
-               else {})
-    cfg, step = with_reference_step(cfg, split, **resumed)
+    given = ({"given": f"the resumed run's ({Path(args.resume) / 'config.json'})"}
+             if args.resume else
+             {"given": f"the fastest device of --profile {cfg.profile}"} if cfg.profile
+             else {})  # (where the reference step comes from, when it is not measured)
+    cfg, step = with_reference_step(cfg, split, **given)
     if step is not None:
         print(step, flush=True)
     launch(cfg, show_progress=not args.quiet, figures=not args.no_figures,

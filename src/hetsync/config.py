@@ -669,7 +669,7 @@ class Config:
                                                     f"speed, 2 = half speed)")
         if self.step_overheads and (
                 len(self.step_overheads) != self.workers
-                or any(not 0 <= o <= self.step_work * self.slowdown_of(r) + 1e-12
+                or any(not 0 <= o <= (self.step_work or 0.0) * self.slowdown_of(r) + 1e-12
                        for r, o in enumerate(self.step_overheads))):
             raise ConfigError(f"step_overheads: invalid value {list(self.step_overheads)}; "
                               f"expected {self.workers} seconds per step, each within its "

@@ -29,8 +29,8 @@ so a fast pair inside a machine is priced like the slowest pair of the cluster. 
 
 Only `devices` (each with `step_s` and `sample_s`) is required; `link` defaults to 10 Gbit/s
 and 20 µs, `jitter` to none; `model` (the model its devices were timed on; `hetsync probe`
-writes it) makes a run of another model refuse the profile. Keys a profile does not know are refused, so a misspelt one is not
-silently ignored.
+writes it) makes a run of another model refuse the profile. Keys a profile does not know are
+refused, so a misspelt one is not silently ignored.
 """
 
 from __future__ import annotations
