@@ -259,3 +259,21 @@ def test_a_run_on_real_devices_measures_their_speeds_for_its_balanced_batches(tm
         # every step of a worker drew its measured batch
         assert {r["samples"] // r["local_steps"] for r in records[1:]} == {
             measured.batch_of(rank)}
+
+
+def test_advise_says_so_when_no_candidate_completed(tmp_path):
+    import argparse
+    import io
+
+    from hetsync.bench.advise import report
+    from hetsync.telemetry.metric import metric_of
+
+    profile = parse({"devices": [{"step_s": 0, "sample_s": 1e-4, "count": 2}]})
+    failed = {"label": "sync", "kind": "mode", "lr": 0.1, "run_dir": None, "summary": None,
+              "error": "rank-1 exited with code 1\nits log ends with: boom"}
+    args = argparse.Namespace(target=0.85, batch_size=64, out=str(tmp_path))
+    out = io.StringIO()
+    assert report(args, profile, {2: {"runs": [failed]}}, metric_of("fashion-mnist"), out) == 1
+    assert "no candidate completed a run" in out.getvalue()
+    assert "rank-1 exited with code 1" in out.getvalue()
+    assert not (tmp_path / "advice.md").exists()  # no advice written from nothing

@@ -172,6 +172,12 @@ def report(args, profile: ClusterProfile, docs: dict, metric, stream) -> int:
                 c.vs_sync = sync_tta / tta
             candidates.append(c)
     ranked = rank(candidates, metric.higher_is_better)
+    if all(c.final is None for c in ranked):
+        errors = sorted({r.get("error") or "no evaluation" for doc in docs.values()
+                         for r in doc["runs"]})
+        print(f"advise: no candidate completed a run, so there is nothing to rank: "
+              f"{'; '.join(e.splitlines()[0] for e in errors)}", file=stream, flush=True)
+        return 1
     head = ["#", "scheme", "devices", "lr", f"time to {args.target:g}", f"final {metric.short}",
             "x fastest alone", "x sync (all)", "capacity", "efficiency"]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
