@@ -568,8 +568,9 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     becomes free mid-run): in the records within two rounds of the leader's offer, planned
     for to the end, on one accuracy curve, with no batch drawn twice or skipped."""
     run = tmp_path / "run"
+    # (30 s: the spare's process starts 3 s in and takes 5-15 s to ask, on a busy machine)
     out = _launch_with_a_spare(tmp_path, "esync-outer", "--spare-start", "3", "--timeout",
-                               "30", "--time-budget", "16")
+                               "30", "--time-budget", "30")
     info = json.loads((run / "run.json").read_text())
     assert info["joined_workers"] == [2] and "absent_workers" not in info, info
     assert [r.get("spare", False) for r in info["ranks"]] == [False, False, True]
@@ -590,7 +591,7 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     ends = [_rounds(run, rank)[-3:] for rank in range(3)]
     assert ends[0] == ends[1] == ends[2], ends
     times = [e["train_time"] for e in _evals(run)]
-    assert len(set(times)) == len(times) and times[-1] >= 16.0, times  # one curve
+    assert len(set(times)) == len(times) and times[-1] >= 30.0, times  # one curve
     summary = json.loads((run / "summary.json").read_text())
     assert summary["complete"] and summary["final_accuracy"] >= LEARNED, summary
     assert "spare rank 2 joined" in out and "lost and joined again" not in out

@@ -34,6 +34,10 @@ from hetsync.runtime.training import TrainingLoop
 from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
 from hetsync.telemetry.runlog import read_jsonl
 
+#: how long the start's rendezvous waits for every rank of the group at least (`--timeout`
+#: where it is longer): bounded, so a rank that never starts ends the others' wait
+RENDEZVOUS_S = 120.0
+
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -81,8 +85,14 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
         # or a spare has not started (theirs, the run's groups made without the spares)
         if join or spares:
             os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout,
-                                store=_elastic_store(world, timeout))
+        # The rendezvous waits for every rank to start (importing torch: seconds each, many
+        # more on a busy machine) -- `--timeout` is how long a live peer may take to answer
+        # once they have, and what the group and the store keep after it.
+        start = max(timeout, datetime.timedelta(seconds=RENDEZVOUS_S))
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=start,
+                                store=_elastic_store(world, start))
+        dist.distributed_c10d._set_pg_timeout(timeout)
+        dist.distributed_c10d._get_default_store().set_timeout(timeout)
         os.environ.pop("TORCH_GLOO_LAZY_INIT", None)  # (the groups it joins connect at once)
         if cfg.balanced_batches and not cfg.slowdowns and not (join or spares):
             cfg = measured_speeds(cfg, rank, world, device, run_dir if resume else None)
