@@ -217,8 +217,14 @@ def test_malformed_header_is_refused_naming_sender_and_field():
 
 # -- untrusted payloads: refused, the refused worker dropped, the others served ----------------
 # (A payload LONGER than its header announced is not here: gloo aborts the receiving process
-# in C++ on a message larger than the posted buffer; see docs/design.md, "Trust".)
-UNTRUSTED = ("short", "nan", "inf", "huge_numel", "wrong_numel", "sparse_index", "altered")
+# in C++ on a message larger than the posted buffer; see docs/design.md, "Trust". A header is
+# received into room for wire.HEADER_ROOM fields, so a longer one is refused.)
+UNTRUSTED = ("short", "nan", "inf", "huge_numel", "wrong_numel", "sparse_index", "altered",
+             "pull_payload", "long_header", "short_header", "rule_fails")
+#: the field each case is refused on
+REFUSED_ON = {"huge_numel": "numel", "wrong_numel": "numel", "pull_payload": "kind",
+              "long_header": "magic_version", "short_header": "magic_version",
+              "rule_fails": "rule"}
 
 
 def _untrusted_ranks(rank: int, world_size: int):
@@ -268,6 +274,19 @@ def _untrusted_ranks(rank: int, world_size: int):
             dist.send(raw, 2, tag=TAG_REQUEST)
             dist.send(torch.tensor([3, 99], dtype=torch.int32), 2, tag=TAG_REQUEST_PAYLOAD)
             dist.send(torch.ones(2), 2, tag=TAG_REQUEST_PAYLOAD)
+        elif case == "rule_fails":  # sane on the wire; SGDRule asserts a sparse push is DIM long
+            dist.send(Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=Kind.SPARSE, dtype=1,
+                             numel=16, nnz=1).encode(), 2, tag=TAG_REQUEST)
+            dist.send(torch.tensor([3], dtype=torch.int32), 2, tag=TAG_REQUEST_PAYLOAD)
+            dist.send(torch.ones(1), 2, tag=TAG_REQUEST_PAYLOAD)
+        elif case == "pull_payload":  # a PULL carries nothing: its payload is never taken
+            dist.send(Header(op=Op.PULL, sender=1, seq=0, kind=Kind.DENSE, dtype=1, numel=16,
+                             nnz=16).encode(), 2, tag=TAG_REQUEST)
+            dist.send(payload, 2, tag=TAG_REQUEST_PAYLOAD)
+        elif case in ("long_header", "short_header"):  # a version-skewed sender's header
+            raw = torch.cat([raw, torch.zeros(20, dtype=torch.int64)]) if case == \
+                "long_header" else raw[:9]
+            dist.send(raw, 2, tag=TAG_REQUEST)
         else:
             dist.send(raw, 2, tag=TAG_REQUEST)
             if case != "huge_numel":  # (refused on its header alone, and not drained)
@@ -287,11 +306,13 @@ def test_untrusted_payloads_are_refused_and_the_others_are_served():
     for case, status, (refused, w, per_worker) in zip(UNTRUSTED, replies, served):
         assert [r["rank"] for r in refused] == [1], case
         field = refused[0]["field"]
-        assert field == ("numel" if case in ("huge_numel", "wrong_numel") else "payload"), case
-        assert status == (Status.BAD_HEADER if field == "numel" else Status.BAD_PAYLOAD), case
+        assert field == REFUSED_ON.get(case, "payload"), (case, refused)
+        assert status == {"payload": Status.BAD_PAYLOAD, "rule": Status.RULE_FAILED}.get(
+            field, Status.BAD_HEADER), case
         # only the honest push was applied: w = -LR * ones, nothing of the bad one
         torch.testing.assert_close(tensor(w), torch.full((16,), -LR, dtype=torch.float64))
-        assert per_worker == {0: 2, 1: 0}, case  # push + bye; the refused one not counted
+        # push + bye; the refused request not counted unless it reached the rule
+        assert per_worker == {0: 2, 1: int(case == "rule_fails")}, case
 
 
 def _pull_ranks(rank: int, world_size: int):

@@ -234,9 +234,10 @@ class Inbox:
     _FOREVER = datetime.timedelta(days=365)
 
     def __init__(self, peers: Sequence[int], *, numel: int, dtype: torch.dtype,
-                 view: GroupView, op: str, tag: int):
+                 view: GroupView, op: str, tag: int, fill: int | float | None = None):
         self._op, self._tag = op, tag
-        self._numel, self._dtype = numel, dtype
+        #: each receive's room, and what it holds until a message lands (None: nothing set)
+        self._numel, self._dtype, self._fill = numel, dtype, fill
         self._arrived: queue.SimpleQueue = queue.SimpleQueue()
         #: peer -> (view, its rank there, its receives' queue): the link its messages come on
         self._links: dict[int, tuple[GroupView, int, queue.SimpleQueue]] = {}
@@ -260,7 +261,8 @@ class Inbox:
     def ask(self, peer: int) -> None:
         """Post the receive of ``peer``'s next message."""
         view, group_rank, posted = self._links[peer]
-        tensor = torch.empty(self._numel, dtype=self._dtype)
+        tensor = (torch.empty(self._numel, dtype=self._dtype) if self._fill is None else
+                  torch.full((self._numel,), self._fill, dtype=self._dtype))
         self.asked.add(peer)
         try:  # fails at once where the connection is already closed
             work = view.pg.recv([tensor], group_rank, self._tag)

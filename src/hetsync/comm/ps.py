@@ -49,9 +49,10 @@ from .errors import CommError, CommTimeoutError, ProtocolError
 from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
-from .wire import (HEADER_BYTES, HEADER_LEN, MAX_NUMEL, MAX_RATE, Field, Header, Kind, Op,
-                   Payload, SparseMessage, Status, checksum, decode, describe,
-                   payload_tensors, receive_buffers, verify)
+from .wire import (DTYPE_CODES, HEADER_BYTES, HEADER_FILL, HEADER_LEN, HEADER_ROOM,
+                   MAGIC_VERSION, MAX_RATE, REQUESTS, Field, Header, Kind, Op, Payload,
+                   SparseMessage, Status, checksum, decode, describe, payload_tensors,
+                   receive_buffers, received_fields, verify)
 
 TAG_REQUEST = 0x4854
 TAG_REQUEST_PAYLOAD = 0x4855
@@ -111,7 +112,7 @@ def _explain(reply: Header) -> str:
     if reply.status == Status.BAD_PAYLOAD:
         return "its payload was non-finite or did not match its header"
     if reply.status == Status.RULE_FAILED:
-        return "its rule failed (see the server's traceback)"
+        return "its rule failed on the request (the server's log names the error)"
     if reply.status == Status.ROUND_ABORTED:
         return f"sum round {reply.detail} was aborted because a worker closed before pushing"
     return f"status {reply.status}"
@@ -146,15 +147,19 @@ class ParameterServer:
 
     The loop, one request at a time:
 
-    1. Receive the next 104-byte header from whichever open worker sends first (each has a
-       receive of its own, :class:`~hetsync.comm.p2p.Inbox`); refuse one it does not
-       understand, one out of sequence or of the wrong length.
+    1. Receive the next header from whichever open worker sends first (each has a receive
+       of its own, :class:`~hetsync.comm.p2p.Inbox`, with room for
+       :data:`~hetsync.comm.wire.HEADER_ROOM` fields); refuse one it does not understand,
+       one out of sequence, with fewer or more fields than the wire's, or announcing a
+       payload that is not the model's length (before anything is allocated for it).
     2. Receive the payload whose kind, dtype and sizes the header gave (into a buffer of
        NaN); refuse one with non-finite values (which a payload shorter than its header
        leaves), sparse indices out of range, or bytes that do not match the CRC-32 its
        header carries (wire field 12).
-       A refused worker is told why (an ERROR reply), recorded in ``stats.refused`` and
-       served no more, as if it had said BYE; the others go on. A worker whose connection
+       A refused worker -- and one whose request the rule fails on -- is told why (an ERROR
+       reply), recorded in ``stats.refused`` and served no more, as if it had said BYE; the
+       payload a refused header announced is received and dropped where its sizes are within
+       bounds (so its sender reads the refusal); the others go on. A worker whose connection
        closes (it died: idle, in the middle of its header, of its payload or before its
        reply) is lost at once: recorded in ``stats.lost`` and served no more; the others go
        on. One that is silent without a closed connection (stopped, or its machine gone
@@ -219,6 +224,8 @@ class ParameterServer:
 
     #: how often `joins` is asked, at most
     JOIN_POLL_S = 0.5
+    #: the longest refused payload drained where the model's length is not known
+    DRAIN_NUMEL = 1 << 24
 
     # -- transport -----------------------------------------------------------------------
     def _transfer(self, worker: int, ops, op: str, timeout: float | None = None) -> None:
@@ -290,6 +297,13 @@ class ParameterServer:
                 if self.gone is not None:
                     self.gone(worker, "was lost: the parameter server saw its connection close")
 
+        def refuse(worker: int, field: str | None, error: str) -> None:
+            """`worker` sent what the server cannot take (it was told why): served no more."""
+            self.stats.refused.append({"rank": worker, "field": field, "error": error})
+            close(worker)
+            if self.gone is not None:
+                self.gone(worker, f"was refused by the parameter server: {error}")
+
         #: the virtual clock's requests waiting their turn: worker -> (arrival, header, payload)
         held: dict[int, tuple[float, Header, Payload]] = {}
         #: the earliest a worker's next request can reach the server (the virtual clock)
@@ -301,7 +315,12 @@ class ParameterServer:
             self.stats.requests[op.split("/")[1]] += 1
             self.stats.per_worker[src] += 1
             if header.op in (Op.PULL, Op.PUSH_PULL):
-                reply = self._apply(header, src, payload, op)
+                try:
+                    reply = self._apply(header, src, payload, op)
+                except Exception as err:  # noqa: BLE001 - its request, not the run, failed
+                    refuse(src, "rule", f"the server's rule failed on its {op}: "
+                                        f"{type(err).__name__}: {err}")
+                    return False
                 # (a PULL is a worker's whole model, at its start, join or finish: checked)
                 self._send(src, self._reply_ops(src, header.seq, reply,
                                                 checked=header.op == Op.PULL,
@@ -324,8 +343,9 @@ class ParameterServer:
             return False
 
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
-        inbox = p2p.Inbox(self.workers, numel=HEADER_LEN, dtype=torch.int64, view=self._view,
-                          op="ps/serve", tag=TAG_REQUEST)
+        # (room for a longer header than ours, so that one is refused, not gloo's abort)
+        inbox = p2p.Inbox(self.workers, numel=HEADER_ROOM, dtype=torch.int64, view=self._view,
+                          op="ps/serve", tag=TAG_REQUEST, fill=HEADER_FILL)
         heard = joins_asked = time.monotonic()  # the last request's arrival; the last `joins`
 
         def rejoin(worker: int, view: GroupView) -> None:
@@ -381,7 +401,8 @@ class ParameterServer:
                     heard = time.monotonic()
                     lose(exc.peer)
                     continue
-                seq = int(raw[Field.SEQ])
+                raw = received_fields(raw)
+                seq = int(raw[Field.SEQ]) if len(raw) > Field.SEQ else 0
                 try:
                     header, payload = self._receive(raw, src, next_seq[src], next_round[src],
                                                     rounds)
@@ -393,11 +414,7 @@ class ParameterServer:
                     if err.field != "payload":
                         self._drain(raw, src)
                     self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
-                    self.stats.refused.append({"rank": src, "field": err.field,
-                                               "error": str(err)})
-                    close(src)
-                    if self.gone is not None:
-                        self.gone(src, f"was refused by the parameter server: {err}")
+                    refuse(src, err.field, str(err))
                     continue
                 except CommError:  # its payload never came: it died mid-request
                     lose(src)
@@ -428,16 +445,23 @@ class ParameterServer:
         return self.stats
 
     def _drain(self, raw: torch.Tensor, src: int) -> None:
-        """Receive and drop the payload of a refused request whose header is sane and within
-        bounds: its sender posted it with the header and would otherwise wait on it until its
-        timeout instead of reading the refusal."""
-        try:
-            header = decode(raw, src)
-        except ProtocolError:
+        """Receive and drop the payload of a refused request whose header speaks this wire
+        (its magic, version and a request's op) with sizes sane and within bounds, whatever
+        else it got wrong (a PULL that carries one, say): its sender posted the payload with
+        the header and would otherwise wait on it until its timeout instead of reading the
+        refusal."""
+        v = [int(x) for x in raw.tolist()]
+        if len(v) != HEADER_LEN or v[Field.MAGIC_VERSION] != MAGIC_VERSION or \
+                v[Field.OP] not in REQUESTS:
             return  # its sizes cannot be trusted
-        if header.kind == Kind.EMPTY or header.numel > (self.sum_numel or MAX_NUMEL):
+        kind, dtype, numel, nnz = (v[f] for f in (Field.KIND, Field.DTYPE, Field.NUMEL,
+                                                  Field.NNZ))
+        if kind not in (Kind.DENSE, Kind.SPARSE) or dtype not in DTYPE_CODES or \
+                not 0 <= nnz <= numel <= (self.sum_numel or self.DRAIN_NUMEL) or \
+                (kind == Kind.DENSE and nnz != numel):
             return
-        bufs, _ = receive_buffers(header)
+        bufs, _ = receive_buffers(Header(op=Op.PUSH_PULL, sender=src, seq=0, kind=kind,
+                                         dtype=dtype, numel=numel, nnz=nnz))
         try:
             self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], "ps/serve",
                            timeout=min(resolve_timeout(self.timeout), 5.0))

@@ -57,6 +57,13 @@ VERSION = 4  # 2: field 11 carries a push's learning rate; 3: field 12 a checksu
 MAGIC_VERSION = (MAGIC << 16) | VERSION
 HEADER_LEN = 14
 HEADER_BYTES = HEADER_LEN * 8
+#: the fields a server's header receive has room for: a header longer than HEADER_LEN (a
+#: version-skewed or hostile sender's) but within it is refused with an ERROR; gloo aborts
+#: the receiving process on a message longer than the buffer posted for it
+HEADER_ROOM = 64
+#: what a header receive is filled with before it arrives: no header's last field is it (a
+#: time's bits are those of a float >= 0), so the fields a short or long header filled show
+HEADER_FILL = -1
 #: Upper bound on numel accepted from the wire (guards against absurd allocations).
 MAX_NUMEL = 1 << 40
 INDEX_DTYPE = torch.int32
@@ -271,6 +278,13 @@ def _refuse(source: int, field: Field, value: int, why: str) -> ProtocolError:
         f"refused header from rank {source}: field '{field.name.lower()}' "
         f"(index {int(field)}) = {value}: {why}",
         peer=source, field=field.name.lower(), value=value)
+
+
+def received_fields(raw: torch.Tensor) -> torch.Tensor:
+    """The fields a header receive of :data:`HEADER_ROOM` filled with :data:`HEADER_FILL`
+    got: ``raw`` without its untouched tail (for :func:`decode` to count)."""
+    filled = (raw != HEADER_FILL).nonzero()
+    return raw[:int(filled[-1]) + 1] if filled.numel() else raw[:0]
 
 
 def decode(raw: torch.Tensor, source: int, *, expect: tuple[int, ...] = REQUESTS) -> Header:
