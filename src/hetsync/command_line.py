@@ -77,8 +77,8 @@ OPTION_PREFIX = "option."
 #: `--help`'s sections, the common flags first: every flagged `Config` field in one of them
 #: (tests/test_config.py)
 SECTIONS = {
-    "the run": ("mode", "workers", "slowdowns", "clock", "profile", "time_budget", "epochs", "target_acc",
-                "target_loss", "seed", "log_dir", "run_name"),
+    "the run": ("mode", "workers", "slowdowns", "clock", "profile", "time_budget", "epochs",
+                "target_acc", "target_loss", "seed", "log_dir", "run_name"),
     "the cluster: devices and links": (
         "step_work", "speed_scale", "cores", "oversubscribe", "gpu", "cpu", "threads",
         "straggle_prob", "straggle_delay", "step_jitter", "jitter_distribution", "collective",
@@ -90,7 +90,7 @@ SECTIONS = {
         "dirichlet_alpha", "inject", "inject_alpha", "inject_beta", "plugins"),
     "evaluation and checkpoints": ("eval_every", "deferred_eval", "eval_interval", "evaluator",
                                    "checkpoint_every"),
-    "faults and servers": ("timeout", "regroup_grace", "service_ip", "service_port",
+    "faults and servers": ("timeout", "regroup_grace", "grace", "service_ip", "service_port",
                            "live_report"),
 }
 

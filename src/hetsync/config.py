@@ -45,6 +45,9 @@ MAX_THREADS = 1024
 MAX_SEED = 2**32 - 1
 MAX_WORKERS = 1024  # a mode's service (ESync's plan) serves at most this many
 MAX_WAIT_S = 7 * 24 * 3600.0
+#: a run's finish after its last round (the last sums, checkpoint and records): part of
+#: `Config.finish_grace`
+FINISH_S = 30.0
 MAX_SLOWDOWN = 1000.0
 PORTS = range(1, 65536)
 #: config keys of earlier versions (a run directory they wrote still resumes)
@@ -229,6 +232,10 @@ class Config:
         "help": "after a worker is lost (modes that go on without it): seconds the "
                 "survivors wait for every one of them to register; one still in a longer step "
                 "is left out (not for one launch saw exit; capped at --timeout)"})
+    grace: float | None = field(default=None, metadata={"flags": ("--grace",),
+        "help": "a wall-clock run with --time-budget: how many seconds it may go on past "
+                "its budget before the watchdog ends it, naming what it waited for "
+                "(default: --timeout + 30)"})
     spare_workers: int = field(default=0, metadata={"flags": ("--spare-workers",),
         "help": "the last N of --workers are spares: they are not started with the others "
                 "and join the running job later (launch starts them --spare-start seconds "
@@ -302,6 +309,17 @@ class Config:
         """Whether evaluation is deferred to snapshots evaluated off the critical path (not
         with --target-acc or --target-loss, which must be known at once to stop)."""
         return self.deferred_eval and self.target_acc is None and self.target_loss is None
+
+    @property
+    def finish_grace(self) -> float | None:
+        """How long a wall-clock run may go on past its --time-budget before the watchdogs
+        end it (`runtime/launcher.py`'s, each worker's 30 s later): --grace, by default the
+        longest a run waits on a silent peer (--timeout) and its finish after
+        (:data:`FINISH_S`). None: no budget in wall seconds to pass (a virtual clock's are
+        not the machine's)."""
+        if self.time_budget is None or self.clock != "wall":
+            return None
+        return self.timeout + FINISH_S if self.grace is None else self.grace
 
     @property
     def regroups(self) -> bool:
@@ -617,6 +635,8 @@ class Config:
         if not 0 < self.timeout <= MAX_WAIT_S:
             raise bad("timeout", f"a finite number of seconds > 0, at most {MAX_WAIT_S:g} (a "
                                  f"week)")
+        if self.grace is not None and not 0 < self.grace <= MAX_WAIT_S:
+            raise bad("grace", f"a finite number of seconds > 0, at most {MAX_WAIT_S:g}")
         if not 0 < self.regroup_grace <= MAX_WAIT_S:  # (the wait is capped at --timeout)
             raise bad("regroup_grace", f"a finite number of seconds > 0, at most "
                                        f"{MAX_WAIT_S:g}")

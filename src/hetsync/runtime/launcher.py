@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from hetsync.algorithms.base import ControlPath
-from hetsync.config import Config
+from hetsync.config import FINISH_S, Config
 from hetsync.options import ConfigError
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
@@ -118,6 +118,17 @@ def stop_signals_held():
             _on_stop_signal(taken[0], None)
 
 
+def _last_line(path: Path) -> str:
+    """`path`'s last non-empty line, cut to 160 characters ('no log' where there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [x for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return "no log"
+    return f"its log ends: {lines[-1].strip()[:160]}" if lines else "its log is empty"
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -147,6 +158,8 @@ class Cluster:
         #: the spares still to start (`--spare-workers`; a resumed run starts every rank)
         self.spares = [] if resume else cfg.spare_ranks
         self.started = time.time()
+        #: when this attempt's first record appeared (training had begun): the watchdog's start
+        self.first_record: float | None = None
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -322,6 +335,37 @@ class Cluster:
                   f"them here", file=stream, flush=True)
             follow(self.run_dir, until_end=False)
 
+    def overdue(self) -> str | None:
+        """The watchdog: once a wall-clock run has gone on past its --time-budget by more
+        than `Config.finish_grace`, what it is still waiting for -- each process still
+        running, with its log's last line; else None. The budget counts from this attempt's
+        first record (so a resumed run's bound is looser); an evaluation written after it
+        (the leader evaluating the deferred snapshots) moves the bound on by as much."""
+        grace = self.cfg.finish_grace
+        if grace is None:
+            return None
+        if self.first_record is None:
+            for records in self.run_dir.glob("worker-*.jsonl"):
+                if records.stat().st_mtime >= self.started and records.stat().st_size:
+                    self.first_record = time.time()
+                    break
+            return None
+        end = self.first_record + self.cfg.time_budget
+        try:
+            end = max(end, (self.run_dir / "eval.jsonl").stat().st_mtime)
+        except OSError:
+            pass
+        if time.time() - end <= grace:
+            return None
+        over = time.time() - self.first_record - self.cfg.time_budget
+        waiting = [f"{name} ({_last_line(self.logs / f'{name}.log')})"
+                   for name, proc in self.procs.items()
+                   if proc.poll() is None and name not in self.lost]
+        source = "--grace" if self.cfg.grace is not None else f"--timeout + {FINISH_S:g} s"
+        return (f"the run passed its --time-budget {self.cfg.time_budget:g} s by {over:.0f} "
+                f"s, more than its grace of {grace:g} s ({source}); still running: "
+                f"{'; '.join(waiting) or 'none'}")
+
     def failed(self) -> tuple[str, int] | None:
         for name, proc in self.procs.items():
             code = proc.poll()
@@ -428,6 +472,10 @@ def open_network(cfg: Config):
         raise LaunchError(f"--bandwidth {cfg.bandwidth}: {err}") from None
 
 
+class _Overdue(Exception):
+    """The run passed its time budget by more than its grace (`Config.finish_grace`)."""
+
+
 class _Stopped(Exception):
     """A process of the run failed where the run cannot go on without it."""
 
@@ -470,7 +518,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     previous = ({sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT,
                                                                        signal.SIGTERM)}
                 if on_main_thread else {})
-    page = cluster = None
+    page = cluster = overdue = None
     restarts = 0
     try:
         if live:
@@ -483,6 +531,11 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                               rejoins=max_restarts if rejoin else 0)
             try:
                 _run_cluster(cluster, progress, stream)
+                break
+            except _Overdue as late:
+                overdue = str(late)
+                print(f"\nhetsync launch: {overdue}; stopping them", file=stream, flush=True)
+                cluster.stop()
                 break
             except _Stopped as stop:
                 cluster.stop()
@@ -521,6 +574,9 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     if cfg.clock == "virtual" and cfg.spec.worker.control is ControlPath.STORE:
         recount_samples_seen(run_dir)  # (the store's count is the real machine's order)
     finish_run(run_dir, figures=figures, stream=stream)
+    if overdue is not None:  # (its records are summarised above; the run did not end well)
+        raise LaunchError(f"{overdue}: stopped by the watchdog; the summary above is of "
+                          f"what its records hold")
     return run_dir
 
 
@@ -559,6 +615,9 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
             raise _Stopped(*failure)
         if cluster.done():
             return
+        late = cluster.overdue()
+        if late is not None:
+            raise _Overdue(late)
         spares = cluster.start_spares()
         if spares:
             print(f"\nstarted spare rank(s) {', '.join(map(str, spares))} to join the run",

@@ -52,7 +52,7 @@ import torch
 from hetsync.algorithms.base import ControlPath, Mode, Step
 from hetsync.comm.errors import CommError
 from hetsync.config import Config
-from hetsync.runtime import shards
+from hetsync.runtime import faults, shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
@@ -91,6 +91,8 @@ class TrainingLoop:
                  progress=None, checkpointer=None, membership=None, joining: bool = False,
                  sampler_of=None):
         self.cfg, self.mode, self.rank = cfg, mode, rank
+        # tests' HETSYNC_FAULT: in the rank's first process (not one that joins or resumes)
+        self._faults = [] if joining else faults.planned(rank)
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
         #: this process is a lost rank's, joining the running job (`run` enters it first)
@@ -395,6 +397,7 @@ class TrainingLoop:
         """Continue from `checkpoint` (this rank's, loaded by `checkpoint.py`): the loop's
         counters and data position; the model, optimizer and mode were restored before."""
         self._restored = checkpoint
+        self._faults = []  # (injected in the attempt before: a resumed run goes on)
         self._evaluations = int(checkpoint["loop"]["evaluations"])
         self._next_checkpoint = self._checkpoint_after(checkpoint["loop"]["train_time"])
         self.control.resume(int(checkpoint["loop"]["samples_seen"]))
@@ -615,6 +618,9 @@ class TrainingLoop:
                 stop, rnd = False, RoundAccount(st.eval_total, start=self._now())
             if stop:
                 break
+            fault = faults.due(self._faults, mode.round)
+            if fault is not None:
+                faults.inject(fault)
         if self.leads and self.membership is not None:
             self.membership.close()  # nobody is let in after the stop
         try:

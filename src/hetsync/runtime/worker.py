@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import faulthandler
 import json
 import math
 import os
@@ -37,6 +38,10 @@ from hetsync.telemetry.runlog import read_jsonl
 #: how long the start's rendezvous waits for every rank of the group at least (`--timeout`
 #: where it is longer): bounded, so a rank that never starts ends the others' wait
 RENDEZVOUS_S = 120.0
+#: a worker's own watchdog fires this much later than launch's (`Config.finish_grace`), so
+#: under launch the run is ended whole, and under torchrun each worker still ends: it prints
+#: every thread's stack (what it waited for) to its log and exits 1
+WATCHDOG_LATER_S = 30.0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -385,7 +390,11 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 write_json_atomic(run_dir / "run.json", _run_info(**info,
                                                                   mode_info=mode.describe()))
             poster = _live_poster(cfg, run_dir, rank, name)
+            if cfg.finish_grace is not None:  # a wedged run ends, saying where (torchrun too)
+                faulthandler.dump_traceback_later(
+                    cfg.time_budget + cfg.finish_grace + WATCHDOG_LATER_S, exit=True)
             state = loop.run(t0)
+            faulthandler.cancel_dump_traceback_later()  # (what follows is bounded work)
             # the leader: rank 0, or the lowest survivor once it was lost
             if loop.leads:
                 assembly.record_service(run_dir)  # (launch or torchrun alike)
