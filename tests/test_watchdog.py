@@ -58,6 +58,8 @@ def _ended_by_the_watchdog(tmp_path, output: str, code: int, wall: float) -> Non
     assert "rank-1 (its log ends: rank 1: injected fault: hang after round 5" in line, line
     # (the start -- torch imported, the reference step measured -- is not in the budget)
     assert wall < 120, wall
+    # and where each was: its stacks at the end of its log (SIGUSR1, before the stop)
+    assert "in inject" in (tmp_path / "run" / "logs" / "rank-1.log").read_text()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"] >= 3, summary  # what its records hold is summarised
 

@@ -366,6 +366,17 @@ class Cluster:
                 f"s, more than its grace of {grace:g} s ({source}); still running: "
                 f"{'; '.join(waiting) or 'none'}")
 
+    def dump_stacks(self) -> None:
+        """Ask every rank still running to print its threads' stacks to its log (SIGUSR1:
+        the worker's faulthandler), and give them a moment to."""
+        for name, proc in self.ranks().items():
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(1.0)
+
     def failed(self) -> tuple[str, int] | None:
         for name, proc in self.procs.items():
             code = proc.poll()
@@ -534,7 +545,9 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 break
             except _Overdue as late:
                 overdue = str(late)
-                print(f"\nhetsync launch: {overdue}; stopping them", file=stream, flush=True)
+                print(f"\nhetsync launch: {overdue}; stopping them (each rank's stacks are "
+                      f"at the end of its log)", file=stream, flush=True)
+                cluster.dump_stacks()
                 cluster.stop()
                 break
             except _Stopped as stop:

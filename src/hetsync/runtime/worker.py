@@ -13,6 +13,7 @@ import faulthandler
 import json
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -391,6 +392,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                                                   mode_info=mode.describe()))
             poster = _live_poster(cfg, run_dir, rank, name)
             if cfg.finish_grace is not None:  # a wedged run ends, saying where (torchrun too)
+                faulthandler.register(signal.SIGUSR1, all_threads=True)  # (launch's asks)
                 faulthandler.dump_traceback_later(
                     cfg.time_budget + cfg.finish_grace + WATCHDOG_LATER_S, exit=True)
             state = loop.run(t0)
