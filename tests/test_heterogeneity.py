@@ -33,7 +33,8 @@ def test_the_timer_makes_a_cpu_bound_step_last_factor_times_its_cpu_time():
 
 
 def test_a_random_straggler_sleeps_its_delay_with_its_probability():
-    from hetsync.runtime.heterogeneity import RandomStraggler, parse_delay
+    from hetsync.options import parse_delay
+    from hetsync.runtime.heterogeneity import RandomStraggler
 
     draws = RandomStraggler(0.25, 0.3, seed=7).draws()
     delays = [next(draws) for _ in range(4000)]

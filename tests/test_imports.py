@@ -75,3 +75,49 @@ def test_no_hetsync_module_imports_one_that_imports_it_back():
     assert {"hetsync.config", "hetsync.algorithms.registry", "hetsync.cli"} <= set(graph)
     assert "hetsync.algorithms.registry" in graph["hetsync.config"]
     assert circle(graph) is None, " -> ".join(circle(graph))
+
+
+#: Each package's floor (docs/design.md, "Layers"): a module imports only from its own package
+#: and from packages on lower floors. A new package must be given one here.
+FLOORS = {
+    "hetsync._version": 0, "hetsync.options": 0, "hetsync.serving": 0, "hetsync.services": 0,
+    "hetsync.clock": 0, "hetsync.data": 0, "hetsync.models": 0, "hetsync.compression": 0,
+    "hetsync.comm": 1, "hetsync.telemetry": 1,
+    "hetsync.state": 2,
+    "hetsync.algorithms": 3,
+    "hetsync.config": 4,
+    "hetsync.command_line": 5,
+    "hetsync.runtime": 6,
+    "hetsync.bench": 7, "hetsync.distributed_optimizer": 7,
+    "hetsync": 8,
+    "hetsync.cli": 9,
+    "hetsync.reference": 10, "hetsync.__main__": 10,
+}
+
+
+def room(module: str) -> str:
+    """The package (or top-level module) of FLOORS that `module` belongs to."""
+    return max((r for r in FLOORS if module == r or module.startswith(r + ".")), key=len)
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of `graph` from a room into another on the same floor or a higher one."""
+    return [f"{m} (floor {FLOORS[room(m)]}) imports {d} (floor {FLOORS[room(d)]})"
+            for m, deps in sorted(graph.items()) for d in sorted(deps)
+            if room(m) != room(d) and FLOORS[room(d)] >= FLOORS[room(m)]]
+
+
+def test_the_floor_check_finds_an_import_up_or_across():
+    graph = {"hetsync.comm.ps": {"hetsync.runtime.training", "hetsync.clock"},
+             "hetsync.telemetry.live": {"hetsync.comm.wire"}}
+    assert upward(graph) == [
+        "hetsync.comm.ps (floor 1) imports hetsync.runtime.training (floor 6)",
+        "hetsync.telemetry.live (floor 1) imports hetsync.comm.wire (floor 1)"]
+
+
+def test_layers_only_import_downward():
+    graph = import_graph()
+    unplaced = sorted(m for m in graph if not any(m == r or m.startswith(r + ".")
+                                                  for r in FLOORS if r != "hetsync"))
+    assert unplaced == ["hetsync"], f"give these a floor in FLOORS: {unplaced}"
+    assert upward(graph) == [], "\n".join(upward(graph))

@@ -328,7 +328,7 @@ def test_load_from_16_keep_alive_clients_has_no_errors():
     """A bounded load (the figures are `hetsync bench state`'s to print, not this test's)."""
     import asyncio
 
-    from hetsync.state.load import drive, start_server
+    from hetsync.bench.state_load import drive, start_server
 
     proc, port = start_server(16)
     try:

@@ -84,7 +84,9 @@ def write_run(
                config=dict(mode=mode, workers=len(workers), slowdowns=slowdowns, network="mlp",
                            batch_size=32, lr=0.01, collective="ring"),
                hetsync_version="0.1.0", torch_version="2.x", start_time=1.7e9,
-               world_size=len(workers), workers=len(workers), ranks=ranks)
+               world_size=len(workers), workers=len(workers), ranks=ranks,
+               # (as `Mode.record` writes it: ESync's rounds end with an aggregation pass)
+               mode_info={"aggregation_pass": True} if mode == "esync" else {})
     if wall_s is not None:
         run.update(end_time=1.7e9 + wall_s, wall_s=wall_s)
     (run_dir / "run.json").write_text(json.dumps(run))

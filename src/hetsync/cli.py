@@ -301,7 +301,7 @@ def cmd_bench(args) -> int:
 
         return comm_main(args.rest) or 0
     if args.what == "state":
-        from hetsync.state.load import main as state_main
+        from hetsync.bench.state_load import main as state_main
 
         return state_main(args.rest)
     from hetsync.bench.modes import main as modes_main

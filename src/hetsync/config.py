@@ -27,7 +27,8 @@ from typing import Any
 from hetsync.comm.collectives import ALGORITHMS
 from hetsync.data.datasets import DATASETS, TEXT_DATASETS
 from hetsync.data.partition import PARTITIONS
-from hetsync.options import ConfigError, check_types, invalid_option, is_a
+from hetsync.options import (MAX_WAIT_S, MAX_WORKERS, ConfigError, check_types, invalid_option,
+                             is_a, parse_delay)
 
 COLLECTIVES = ALGORITHMS  # --collective: hetsync.comm.all_reduce's algorithms
 NON_IID = ("class", "dirichlet")  # label skew: each worker sees some classes more than others
@@ -38,13 +39,10 @@ MODEL_SIZE = {"context": 64, "n_layer": 4, "n_head": 4, "n_embd": 128}
 #: Bounds of values whose extremes break a run rather than slow it: torch segfaults past a few
 #: thousand intra-op threads (1024 is fixed, not the host's core count: a config is checked by
 #: the launcher and by every worker, possibly on other machines); numpy and torch seeds are
-#: unsigned 32-bit; a mode's service keeps a record per worker; sleeps and waits overflow
-#: past some 1e9 s (a week is already far beyond any use: MAX_WAIT_S), and a slowdown or
-#: straggler delay beyond 1000x its step is a worker that never steps (MAX_SLOWDOWN).
+#: unsigned 32-bit; a slowdown or straggler delay beyond 1000x its step is a worker that never
+#: steps (MAX_SLOWDOWN); MAX_WORKERS and MAX_WAIT_S are the options' (the servers' too).
 MAX_THREADS = 1024
 MAX_SEED = 2**32 - 1
-MAX_WORKERS = 1024  # a mode's service (ESync's plan) serves at most this many
-MAX_WAIT_S = 7 * 24 * 3600.0
 #: a run's finish after its last round (the last sums, checkpoint and records): part of
 #: `Config.finish_grace`
 FINISH_S = 30.0
@@ -354,16 +352,6 @@ class Config:
     def world_size(self) -> int:
         return self.workers + (1 if self.needs_ps else 0)
 
-    def straggler_of(self, rank: int):
-        """Worker `rank`'s random straggler (None when --straggle-prob is 0)."""
-        from hetsync.runtime.heterogeneity import RandomStraggler, parse_delay
-
-        if self.straggle_prob == 0:
-            return None
-        delay, relative = parse_delay(self.straggle_delay)
-        return RandomStraggler(self.straggle_prob, delay, relative,
-                               seed=self.seed * 7919 + 104729 * (rank + 1))
-
     def slowdown_of(self, rank: int) -> float:
         """Worker `rank`'s slowdown, scaled (`--speed-scale`)."""
         return (self.slowdowns[rank] if rank < len(self.slowdowns) else 1.0) * self.speed_scale
@@ -596,8 +584,6 @@ class Config:
         if not 0 <= self.straggle_prob <= 1:
             raise bad("straggle_prob", "a probability in [0, 1]")
         try:
-            from hetsync.runtime.heterogeneity import parse_delay
-
             delay, relative = parse_delay(self.straggle_delay)
         except ValueError:
             delay, relative = math.nan, False
@@ -625,7 +611,7 @@ class Config:
         if not 0 <= self.seed <= MAX_SEED:
             raise bad("seed", f"an integer in 0..{MAX_SEED}")
         if self.bandwidth is not None:
-            from hetsync.runtime.network import parse_rate
+            from hetsync.clock import parse_rate
 
             try:
                 parse_rate(self.bandwidth)

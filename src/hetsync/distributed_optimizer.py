@@ -521,7 +521,7 @@ class RunRecorder:
         self._eval_since_step = 0.0             # evaluation inside the next step's time
         self.round = RoundAccount()
         self.info = {
-            "run_name": self.dir.name, "mode": mode.name, "mode_info": mode.describe(),
+            "run_name": self.dir.name, "mode": mode.name, "mode_info": mode.record(),
             "config": {"mode": mode.name, "workers": workers, "lr": lr,
                        "network": type(model).__name__,
                        "collective": collective, "slowdowns": [r["slowdown"] for r in

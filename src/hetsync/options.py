@@ -178,16 +178,30 @@ def parse_epsilon_fraction(text: str) -> float | None:
     return value
 
 
+#: bounds of option values that a server checks too: a mode's service (ESync's plan) keeps
+#: a record per worker; sleeps and waits overflow past some 1e9 s (a week is already far
+#: beyond any use)
+MAX_WORKERS = 1024
+MAX_WAIT_S = 7 * 24 * 3600.0
+
+
 def _optional(kind):
     def parse(text: str):
         return None if text.strip().lower() in ("", "none") else kind(text)
     return parse
 
 
+def parse_delay(text: str) -> tuple[float, bool]:
+    """`0.32` (seconds) or `4x` (× the typical step): (value, relative)."""
+    relative = text.strip().lower().endswith("x")
+    value = float(text.strip()[:-1] if relative else text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"expected a delay >= 0 in seconds or as Nx, got {text!r}")
+    return value, relative
+
+
 #: Parsers named by a field's `parser` metadata (where its type alone does not say).
 def _parse_delay(text: str) -> str:
-    from hetsync.runtime.heterogeneity import parse_delay
-
     try:
         parse_delay(text)
     except ValueError:

@@ -41,6 +41,10 @@ import torch.distributed as dist
 
 from hetsync.clock import VirtualClock, WallClock, all_reduce_seconds, broadcast_seconds
 
+#: the floats of the loop's proposal (`runtime/control.py`'s `Proposal`) that ride at the end
+#: of a mode's sum (`Mode.sum_with_proposal`), which a parameter server's sum must have room for
+PROPOSAL_LENGTH = 4
+
 
 class PhaseClock:
     """Seconds spent per phase (`wait`, `comm`, `query`, `eval`) since the last `take()`, on
@@ -429,6 +433,12 @@ class Mode:
     def describe(self) -> dict[str, Any]:
         """What run.json records of the mode beyond its options (e.g. the API it runs on)."""
         return {}
+
+    def record(self) -> dict[str, Any]:
+        """run.json's `mode_info`: `describe()`, and whether its rounds end with an aggregation
+        pass (for ESync's summary schema, which telemetry reads from the records alone)."""
+        return {**self.describe(), **({"aggregation_pass": True} if self.aggregation_pass
+                                      else {})}
 
     def round_record(self) -> dict[str, Any]:
         """Fields the mode adds to the round's record (e.g. whether it synchronised)."""

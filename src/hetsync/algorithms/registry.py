@@ -135,11 +135,11 @@ class ModeSpec:
     def longest_sum(self, model_numel: int, stats_numel: int, options) -> int:
         """The longest sum this mode's workers send to a parameter server: the mode's own,
         then the loop's agreement, which may ride at its end (`Mode.sum_with_proposal`)."""
-        from hetsync.runtime.control import Proposal
+        from hetsync.algorithms.base import PROPOSAL_LENGTH
 
         if self.sum_length is not None:
-            return self.sum_length(model_numel, stats_numel, options) + Proposal.LENGTH
-        return model_numel + stats_numel + 2 + Proposal.LENGTH
+            return self.sum_length(model_numel, stats_numel, options) + PROPOSAL_LENGTH
+        return model_numel + stats_numel + 2 + PROPOSAL_LENGTH
 
     def needs_parameter_server(self, collective: str) -> bool:
         return self.parameter_server or (self.collective and collective == "ps")

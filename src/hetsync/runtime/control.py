@@ -20,6 +20,8 @@ from typing import ClassVar
 
 import torch
 
+from hetsync.algorithms.base import PROPOSAL_LENGTH
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -28,7 +30,7 @@ class Proposal:
     stop: bool        # the leader (rank 0) wants to stop after this round
     admit: bool = False  # the leader offered lost ranks a place (`runtime/membership.py`)
 
-    LENGTH: ClassVar[int] = 4  # floats of `as_tensor()`
+    LENGTH: ClassVar[int] = PROPOSAL_LENGTH  # floats of `as_tensor()`
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([float(self.samples), float(self.evaluate), float(self.stop),

@@ -63,6 +63,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hetsync.options import parse_delay
+
 
 def emulated_sleep(factor: float, wall: float, work: float) -> float:
     """Seconds to sleep after a step that took `wall` seconds so that it lasts `factor` times
@@ -95,13 +97,13 @@ class RandomStraggler:
             yield self.delay if rng.random() < self.prob else 0.0
 
 
-def parse_delay(text: str) -> tuple[float, bool]:
-    """`0.32` (seconds) or `4x` (× the typical step): (value, relative)."""
-    relative = text.strip().lower().endswith("x")
-    value = float(text.strip()[:-1] if relative else text)
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"expected a delay >= 0 in seconds or as Nx, got {text!r}")
-    return value, relative
+def straggler_of(cfg, rank: int) -> RandomStraggler | None:
+    """Worker `rank`'s random straggler of the run `cfg` (None when --straggle-prob is 0)."""
+    if cfg.straggle_prob == 0:
+        return None
+    delay, relative = parse_delay(cfg.straggle_delay)
+    return RandomStraggler(cfg.straggle_prob, delay, relative,
+                           seed=cfg.seed * 7919 + 104729 * (rank + 1))
 
 
 class StepTimer:

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import hetsync
+from hetsync._version import __version__
 from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
-from hetsync.runtime.heterogeneity import StepTimer
+from hetsync.runtime.heterogeneity import StepTimer, straggler_of
 from hetsync.runtime.devices import pick_device
 from hetsync.runtime.emulation import nominal_speed_of
 from hetsync.runtime.handshake import broadcast_text, gather_texts
@@ -324,7 +324,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
                         ps_rank=world - 1 if cfg.needs_ps else None,
                         timer=StepTimer(cfg.slowdown_of(rank), cpu_device=device.type == "cpu",
-                                        straggler=cfg.straggler_of(rank),
+                                        straggler=straggler_of(cfg, rank),
                                         work=cfg.step_work_of(rank), clock=cfg.make_clock(),
                                         jitter=cfg.step_jitter, seed=cfg.seed * 7919 + rank,
                                         jitter_distribution=cfg.jitter_distribution,
@@ -389,7 +389,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                         "restarted": own.get("lost", [])}
             if rank == 0 and not join:
                 write_json_atomic(run_dir / "run.json", _run_info(**info,
-                                                                  mode_info=mode.describe()))
+                                                                  mode_info=mode.record()))
             poster = _live_poster(cfg, run_dir, rank, name)
             if cfg.finish_grace is not None:  # a wedged run ends, saying where (torchrun too)
                 faulthandler.register(signal.SIGUSR1, all_threads=True)  # (launch's asks)
@@ -411,7 +411,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 # and a single worker, which its own evaluation stops)
                 info["ranks"] = _with_joiners(ranks, store, loop.absent_workers())
                 write_json_atomic(run_dir / "run.json", _run_info(
-                    **info, mode_info=mode.describe(), wall_s=wall,
+                    **info, mode_info=mode.record(), wall_s=wall,
                     end_time=time.time(),
                     clock=_clock_info(cfg, mode, time.perf_counter() - real_t0),
                     train_time=train_time,
@@ -588,6 +588,6 @@ def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time:
               mode_info: dict, **extra) -> dict:
     return {"run_name": name, "mode": cfg.effective_mode, "config": cfg.to_dict(),
             "mode_info": mode_info,
-            "hetsync_version": hetsync.__version__, "torch_version": torch.__version__,
+            "hetsync_version": __version__, "torch_version": torch.__version__,
             "python": sys.version.split()[0], "start_time": start_time, "world_size": world,
             "workers": cfg.workers, "ranks": ranks, **extra}

@@ -62,7 +62,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.routing import Route
-from hetsync.config import MAX_WAIT_S, MAX_WORKERS
+from hetsync.options import MAX_WAIT_S, MAX_WORKERS
 from hetsync.serving import ServerConfigError, Service, is_loopback
 from hetsync.services import valid_token
 from hetsync.state.policy import DEFAULT_EPSILON, ReadinessTracker

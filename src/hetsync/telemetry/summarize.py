@@ -365,15 +365,10 @@ def esync_device_names(ranks: Sequence[Mapping[str, Any]]) -> dict[int, tuple[st
     return names
 
 
-def _aggregation_pass(mode: str | None) -> bool:
-    """Whether `mode`'s rounds end with an aggregation pass that ESync's logs count as one more
-    iteration (its `Mode.aggregation_pass`; False for a mode no longer registered)."""
-    from hetsync.algorithms import registry
-
-    try:
-        return bool(registry.get(str(mode)).worker.aggregation_pass)
-    except ValueError:
-        return False
+def _aggregation_pass(log: RunLog) -> bool:
+    """Whether the run's rounds ended with an aggregation pass that ESync's logs count as one
+    more iteration (its mode's `Mode.aggregation_pass`, which run.json's `mode_info` records)."""
+    return bool((log.run.get("mode_info") or {}).get("aggregation_pass", False))
 
 
 def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
@@ -395,7 +390,7 @@ def esync_summary(log: RunLog) -> dict[str, dict[str, dict[str, list]]]:
     """
     ranks = [log.rank_info(rank) for rank in sorted(log.workers)]
     names = esync_device_names(ranks)
-    esync_mode = _aggregation_pass(log.mode)
+    esync_mode = _aggregation_pass(log)
     out: dict[str, dict[str, dict[str, list]]] = {}
     for rank in sorted(log.workers):
         node, device = names[rank]
