@@ -151,7 +151,7 @@ class RecordingDgsRule(DgsRule):
         return self._record(worker, super().push(worker, update))
 
 
-def _sparse_run(rank, world, mode, steps, options):
+def _sparse_run(rank, world, mode, steps, options, zero_rate_from=None):
     import torch.distributed as dist
 
     from hetsync.comm import ParameterServer, meter
@@ -178,6 +178,8 @@ def _sparse_run(rank, world, mode, steps, options):
     g = torch.Generator().manual_seed(rank)
     before = meter.totals()
     for i in range(steps):
+        if zero_rate_from is not None and i >= zero_rate_from:  # (a cosine schedule's end)
+            opt.param_groups[0]["lr"] = 0.0
         x, y = torch.randn(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(algo.module(x), y).backward()
@@ -190,6 +192,17 @@ def _sparse_run(rank, world, mode, steps, options):
     algo.finish()
     views.append(flatten(params).clone())
     return views, (after[0] - before[0]) / steps, (after[1] - before[1]) / steps, algo.sent / steps
+
+
+def test_a_dgs_worker_pushes_on_when_its_rate_reaches_zero():
+    """DGS's density follows the rate (1 % x lr_t / lr_0): at a rate of 0 -- a cosine
+    schedule's last step, which a step past the time budget reaches before the stop is agreed
+    -- it keeps one coordinate a layer instead of failing on a density of 0 (issue 59: such a
+    run's workers crashed and were started again until the restarts ran out)."""
+    results = run_ranks(_sparse_run, 3, "dgs", 6, {}, 3, timeout=120)
+    for views, _, _, _ in results[:-1]:
+        assert len(views) == 1 + 6 + 1
+        assert all(torch.isfinite(v).all() for v in views)
 
 
 @pytest.mark.slow

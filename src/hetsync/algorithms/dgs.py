@@ -17,6 +17,9 @@ Per step, on worker k (`hetsync.algorithms.sparse_ps` for the shared steps):
 Where hetsync departs from the published code: the resync period counts updates applied by
 the server, and the density follows the worker's own rate; the code counts rank 1's steps and
 relays rank 1's rate, which on a mixed-speed cluster ties both to whichever machine is rank 1.
+A rate of 0 (a cosine schedule's end, which a step past the time budget reaches before the
+stop is agreed) keeps one coordinate a layer, not none: the published code's density of 0
+is an empty push its top-k cannot make.
 A pull (a worker starting, or ending: its `finish` takes the server's weights) renews S first,
 as a resync does, so that it gets W rather than a stale S.
 """
@@ -88,6 +91,10 @@ class DgsRule(SparseApplyRule):
         self.density, self.resync = float(state["density"]), int(state["resync"])
 
 
+#: the lowest density a push is made at (one coordinate a layer, by `layer_k`'s floor)
+MIN_DENSITY = 1e-9
+
+
 class DualWayGradientSparsification(SparseAsyncSGD):
     name = "dgs"
     memory_name = "samomentum"
@@ -100,7 +107,8 @@ class DualWayGradientSparsification(SparseAsyncSGD):
         super().setup()
 
     def density(self) -> float:
-        return min(1.0, self.base_density * self.lr / self.initial_lr)
+        # (> 0: a layer keeps at least one coordinate, `layer_k`, however low the rate falls)
+        return min(1.0, max(self.base_density * self.lr / self.initial_lr, MIN_DENSITY))
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "initial_lr": self.initial_lr}
