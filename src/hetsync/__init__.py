@@ -32,8 +32,9 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
             `hetsync.serve_parameters` instead.
         timeout: seconds before a silent peer is taken as dead (default 120).
         slowdown: emulate a device this many times slower (default 1).
-        run_dir / log_dir: where rank 0 writes the run's records (`run.json`,
-            `worker-R.jsonl`, `eval.jsonl`): a run directory, or a directory to make one in.
+        run_dir / log_dir: where the run's records go (each worker writes its
+            `worker-R.jsonl`; rank 0 `run.json` and `eval.jsonl`): a run directory, or a
+            directory to make one in.
         **options: the mode's own options, named as its flags' long form with underscores
             (`-gl`/`--global-lr` is `global_lr=0.7`, `--inner-steps` is `inner_steps=8`);
             another mode's option is refused naming it.
