@@ -77,36 +77,25 @@ def schedule(mode: str, seed: int, budget: float, events: int, workers: int) -> 
     return out
 
 
-def children(pid: int) -> list[tuple[int, list[str], dict[str, str]]]:
-    """The processes whose parent is `pid`: (pid, argv, environment)."""
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode().split("\0")
-            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{entry}/environ").read_bytes()
-                       .decode(errors="replace").split("\0") if "=" in kv)
-        except (OSError, ValueError, IndexError):
-            continue
-        out.append((int(entry), argv, env))
-    return out
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
-def target(launcher: int, event: Event, workers: int) -> int | None:
-    """The pid the event hits among the launcher's children (None: not running now)."""
-    for pid, argv, env in children(launcher):
-        if event.kind.endswith("worker") and "worker" in argv and \
-                env.get("RANK") == str(event.rank):
-            return pid
-        if event.kind == "kill-ps" and "worker" in argv and env.get("RANK") == str(workers):
-            return pid
-        if event.kind == "kill-state-server" and "state-server" in argv:
-            return pid
-        if event.kind == "kill-evaluator" and "evaluate" in argv:
-            return pid
-    return None
+def target(run_dir: Path, event: Event) -> int | None:
+    """The pid the event hits among the run's processes, as launch names them in
+    logs/pids.json (None: not running now)."""
+    try:
+        pids = json.loads((run_dir / "logs" / "pids.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = {"kill-ps": "ps", "kill-state-server": "state-server",
+            "kill-evaluator": "evaluator"}.get(event.kind, f"rank-{event.rank}")
+    pid = pids.get(name)
+    return pid if pid is not None and running(pid) else None
 
 
 @dataclass
@@ -159,7 +148,7 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
             if event.kind == "kill-worker" and len(killed | {event.rank}) >= workers:
                 out.applied.append(event.describe() + " (skipped: the last worker)")
                 continue
-            pid = target(proc.pid, event, workers)
+            pid = target(run_dir, event)
             if pid is None:
                 out.applied.append(event.describe() + " (not running)")
                 continue

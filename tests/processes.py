@@ -1,19 +1,33 @@
-"""Find the worker processes of a launched run, for the tests that kill or count them."""
+"""Find the processes of a launched run, for the tests that kill or count them."""
 
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 
 
-def pid_of_rank(run_dir: Path, rank: int) -> int | None:
-    """The process of `rank` of the run writing into `run_dir` (its environment says RANK)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def pid_of(run_dir: Path, name: str) -> int | None:
+    """The running process `name` (rank-R, ps, state-server, evaluator) of the run in
+    `run_dir`, or in a run directory under it, as launch names its processes in
+    logs/pids.json; None where it is not running."""
+    for pids in [Path(run_dir) / "logs" / "pids.json", *Path(run_dir).glob("*/logs/pids.json")]:
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            pid = json.loads(pids.read_text()).get(name)
+        except (OSError, ValueError):
             continue
-        if b"worker" in cmd and str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env:
-            return int(pid)
+        if pid is not None and running(pid):
+            return pid
     return None
+
+
+def pid_of_rank(run_dir: Path, rank: int) -> int | None:
+    """The process of worker `rank` of the run in `run_dir` (see `pid_of`)."""
+    return pid_of(run_dir, f"rank-{rank}")

@@ -382,15 +382,9 @@ def test_an_esync_run_survives_a_killed_state_server_with_its_step_spread_restor
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
     def state_server_pid():
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if b"state-server" in cmd and ppid == proc.pid:
-                return int(pid)
-        return None
+        from processes import pid_of
+
+        return pid_of(run, "state-server")
 
     deadline = time.monotonic() + 120
     while len(rows(0)) < 60 and proc.poll() is None and time.monotonic() < deadline:

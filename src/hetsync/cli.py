@@ -50,9 +50,11 @@ def preflight(cfg: Config):
 
 
 def cmd_launch(args) -> int:
+    from hetsync.runtime import forked
     from hetsync.runtime.emulation import with_reference_step
     from hetsync.runtime.launcher import launch
 
+    forked.warm_up()  # the processes' warm parent imports torch while this measures its step
     cfg, fitted = launch_config(args)
     split = preflight(cfg)
     if fitted is not None:
@@ -333,7 +335,7 @@ def cmd_evaluate(args) -> int:
                           f"of a `hetsync launch` or `worker`")
     print(f"hetsync evaluate: {run_dir} at {priority}"
           f"{', until the run ends' if args.follow else ''}", file=sys.stderr, flush=True)
-    count = follow(run_dir, until_end=args.follow)
+    count = follow(run_dir, until_end=args.follow, start_after=args.start_after)
     print(f"hetsync evaluate: {count} snapshot(s) evaluated into {run_dir / 'eval.jsonl'}",
           file=sys.stderr, flush=True)
     return 0
@@ -487,6 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--follow", action="store_true",
                    help="keep evaluating new snapshots until the run has ended")
+    p.add_argument("--start-after", type=float, default=None, metavar="EPOCH_S",
+                   help="with --follow (launch's): first wait, at most --timeout, until the "
+                        "run's rank 0 has written run.json after this time (seconds since the "
+                        "epoch): a resumed run's first cuts eval.jsonl back to its checkpoint")
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("models", help="list the model zoo")

@@ -202,7 +202,8 @@ def lower_priority() -> str:
 def _ended(run_dir: Path) -> bool:
     """Whether the run's workers have finished: its run.json has an end time (rank 0 writes
     run.json without one when an attempt starts, a resumed one too, and with one when it
-    ends; the launcher starts the evaluator only once this attempt's run.json is there).
+    ends; launch's evaluator first waits for this attempt's run.json: `follow`'s
+    `start_after`).
     Not "ended since the evaluator started": a short run may end while it imports torch."""
     import json
 
@@ -211,6 +212,24 @@ def _ended(run_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(run.get("end_time"), (int, float))
+
+
+#: the longest the evaluator waits for rank 0 to start (as the workers' rendezvous waits)
+START_WAIT_S = 120.0
+
+
+def _started(run_dir: Path, after: float, wait_s: float, poll_s: float = 0.2) -> bool:
+    """Wait until `run_dir`'s run.json was written after `after` (seconds since the epoch),
+    at most `wait_s`; whether it was."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if (run_dir / "run.json").stat().st_mtime >= after:
+                return True
+        except FileNotFoundError:
+            pass
+        time.sleep(poll_s)
+    return False
 
 
 def _silent_for(run_dir: Path, since: float) -> float:
@@ -225,22 +244,31 @@ DUTY = 0.1
 
 
 def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
-           duty: float = DUTY) -> int:
+           duty: float = DUTY, start_after: float | None = None) -> int:
     """The evaluator: evaluate `run_dir`'s snapshots into its `eval.jsonl` (see the module
     docstring) — with `until_end`, the newest as they are written, computing at most `duty`
     of the time, until the run has ended; then every one left, in order. How many it
     evaluated. It stops following a run whose workers have been silent for its `--timeout`
-    (they died without ending it), saying so on stderr."""
+    (they died without ending it), saying so on stderr. `start_after` (launch's, which
+    starts it with the workers): first wait until rank 0 has written run.json after that
+    time, once the model and data are ready (a resumed run's rank 0 cuts eval.jsonl back
+    first), at most `--timeout` or the start's rendezvous bound (`worker.RENDEZVOUS_S`)."""
     from hetsync.config import Config
     from hetsync.telemetry.recorder import JsonlWriter
 
     run_dir = Path(run_dir)
-    started = time.time()
     cfg = Config.load(run_dir / "config.json")
     torch.set_num_threads(1)
     data = cfg.load_data()
     model = cfg.build_model(data)
     device = torch.device("cpu")
+    if until_end and start_after is not None and not _started(run_dir, start_after,
+                                                              max(cfg.timeout, START_WAIT_S)):
+        print(f"hetsync evaluate: {run_dir}'s rank 0 did not start within "
+              f"{max(cfg.timeout, START_WAIT_S):g} s: evaluating what is there",
+              file=sys.stderr, flush=True)
+        until_end = False
+    started = time.time()
     total = 0
     rest_until = 0.0  # (monotonic) the duty's rest after an evaluation: the end cuts it short
     with JsonlWriter(run_dir / "eval.jsonl") as out:

@@ -32,10 +32,11 @@ from pathlib import Path
 from hetsync.algorithms.base import ControlPath
 from hetsync.config import FINISH_S, Config
 from hetsync.options import ConfigError
+from hetsync.runtime import forked
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
-from hetsync.telemetry.recorder import recount_samples_seen
+from hetsync.telemetry.recorder import recount_samples_seen, write_json_atomic
 
 
 class LaunchError(RuntimeError):
@@ -61,22 +62,11 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
-def _die_with_parent() -> None:
-    """In a child, before exec: ask Linux to SIGTERM us when the launcher dies, so that even a
-    killed launcher leaves no worker behind (no-op elsewhere)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _child_setup(cores: list[int] | None):
     """What a child runs before exec: die with the launcher, and run on `cores` (None: where
     the launcher may; `runtime/emulation.py` places emulated devices)."""
     def setup() -> None:
-        _die_with_parent()
+        forked.die_with_parent()
         if cores:
             os.sched_setaffinity(0, cores)
     return setup
@@ -181,22 +171,30 @@ class Cluster:
         self.cores = affinities(cfg)
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None,
-               host: int | None = None, argv: list[str] | None = None) -> subprocess.Popen:
-        """Start `python -m MODULE ARGS...` (or `argv`) as the child `name`."""
+               host: int | None = None, argv: list[str] | None = None):
+        """Start `python -m MODULE ARGS...` (or `argv`) as the child `name`: forked from the
+        warm parent (`runtime/forked.py`) where it is hetsync's command on this host, else
+        exec'd (an emulated host's runs behind `ip netns exec`)."""
         again = self.resume or name in self.procs  # (a restart keeps what the last one said)
-        log = open(self.logs / f"{name}.log", "a" if again else "w")
         argv = argv if argv is not None else [sys.executable, "-m", self.module, *args]
-        if host is not None:
-            argv = self.network.command(host, argv)
-        with log, stop_signals_held():  # (recorded before a stop is taken: `stop` ends it)
-            proc = subprocess.Popen(argv, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
-                                         **({"HETSYNC_TOKEN": self.token} if self.token
-                                            else {})},
-                                    start_new_session=True,
-                                    preexec_fn=_child_setup(self.cores.get(name)))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}),
+               **({"HETSYNC_TOKEN": self.token} if self.token else {})}
+        log_path = self.logs / f"{name}.log"
+        with stop_signals_held():  # (recorded before a stop is taken: `stop` ends it)
+            if host is None and argv[:3] == [sys.executable, "-m", "hetsync"]:
+                proc = forked.start(argv[3:], log_path, append=again, env=env,
+                                    cores=self.cores.get(name))
+            else:
+                if host is not None:
+                    argv = self.network.command(host, argv)
+                with open(log_path, "a" if again else "w") as log:
+                    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True,
+                                            preexec_fn=_child_setup(self.cores.get(name)))
             self.procs[name] = proc
+        write_json_atomic(self.logs / "pids.json",
+                          {n: p.pid for n, p in self.procs.items() if p.poll() is None})
         return proc
 
     def start_service(self, port: int | None = None, restart: bool = False) -> int:
@@ -307,19 +305,14 @@ class Cluster:
         helpers = (self.EVALUATOR, *((self.service.name,) if self.service else ()))
         return {k: p for k, p in self.procs.items() if k not in helpers}
 
-    def evaluator_due(self) -> bool:
-        """Whether to start the evaluator now: the run evaluates in one (`--evaluator 1`,
-        deferred evaluation), and rank 0 has started this attempt (its run.json is newer than
-        the launch: a resumed run's rank 0 first cuts eval.jsonl back to the checkpoint)."""
-        if not (self.cfg.evaluator and self.cfg.deferred) or self.EVALUATOR in self.procs:
-            return False
-        try:
-            return (self.run_dir / "run.json").stat().st_mtime >= self.started - 1.0
-        except FileNotFoundError:
-            return False
-
     def start_evaluator(self) -> None:
-        self._spawn(self.EVALUATOR, ["evaluate", str(self.run_dir), "--follow"])
+        """Start the evaluator with the workers where the run evaluates in one (`--evaluator
+        1`, deferred evaluation), so that its start (torch, the data, the model) is not at
+        the run's end; it evaluates once rank 0 has started this attempt (its run.json newer
+        than the launch: a resumed run's rank 0 first cuts eval.jsonl back)."""
+        if self.cfg.evaluator and self.cfg.deferred:
+            self._spawn(self.EVALUATOR, ["evaluate", str(self.run_dir), "--follow",
+                                         "--start-after", f"{self.started - 1.0:.3f}"])
 
     def finish_evaluation(self, progress, stream) -> None:
         """After the workers: wait for the evaluator to evaluate the last snapshots; evaluate
@@ -506,6 +499,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     `rejoin`: where the mode admits a worker, a lost one is started again (up to
     `max_restarts` times each) and joins the running job."""
     cfg.validate()
+    forked.warm_up()  # (its imports overlap what follows; `hetsync launch` warmed it up sooner)
     if resume is not None:
         from hetsync.runtime import checkpoint
 
@@ -602,6 +596,7 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
     if svc is not None:
         cluster.start_service()
     cluster.start_ranks(cluster.run_dir / "config.json")
+    cluster.start_evaluator()
     while True:
         failure = cluster.failed()
         if failure is not None and svc is not None and failure[0] == svc.name and \
@@ -616,8 +611,6 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
                   f"is evaluated at the end", file=stream, flush=True)
             cluster.lost.add(cluster.EVALUATOR)
             continue
-        if cluster.evaluator_due():
-            cluster.start_evaluator()
         if failure is not None and cluster.lose(failure[0]):
             again = ("; started it again to join the run" if cluster.rejoin(failure[0])
                      else "")
