@@ -271,3 +271,25 @@ def test_the_toy_mode_runs_through_the_bench(tmp_path, monkeypatch):
     records = [json.loads(line) for line in
                (Path(run["run_dir"]) / "worker-0.jsonl").read_text().splitlines()]
     assert all(r["local_steps"] == 3 for r in records)  # --toy-period reached the workers
+
+
+def test_a_modes_own_defaults_are_declared_once_and_its_help_shows_them():
+    """A shared option a mode leaves None (its global rate) takes the mode's own default,
+    declared once (`ModeSpec.defaults`): `hetsync launch -m diloco --help` shows it, the
+    worker's global update reads the same dict, and the bench's note names it -- or the rate
+    a run gives in its place."""
+    import subprocess
+    import sys
+
+    from hetsync.algorithms import registry
+
+    spec = registry.get("diloco")
+    assert spec.worker.defaults is spec.defaults  # (the one dict the workers read)
+    out = subprocess.run([sys.executable, "-m", "hetsync", "launch", "-m", "diloco", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    text = " ".join(out.split())
+    assert f"(default: {spec.defaults['global_lr']:g} for diloco)" in text, text[-3000:]
+    assert f"(default: {spec.defaults['outer_momentum']:g} for diloco)" in text
+    assert spec.rate_note() == f"inner rate, outer {spec.defaults['global_lr']:g}"
+    assert spec.rate_note(0.5) == "inner rate, outer 0.5"
+    assert f"lr {spec.defaults['global_lr']:g}," in spec.summary

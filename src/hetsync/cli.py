@@ -10,7 +10,7 @@ from pathlib import Path
 
 import hetsync
 from hetsync.command_line import (ArgumentParser, add_config_arguments, check_option_flags,
-                                  config_from_args, parse_listen_port, parse_restarts,
+                                  chosen_mode, config_from_args, parse_listen_port, parse_restarts,
                                   parse_workers, with_text_defaults)
 from hetsync.config import Config, admitting_modes, check_host, unwritable_dir
 from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
@@ -362,7 +362,9 @@ def cmd_models(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(mode: str | None = None) -> argparse.ArgumentParser:
+    """The command line; `mode`: the one it names (`chosen_mode`), whose own defaults the
+    mode options' help shows (`hetsync launch -m diloco --help`)."""
     parser = ArgumentParser(
         prog="hetsync", description="Data-parallel training on heterogeneous clusters: "
         "ESync and the schemes it is measured against.")
@@ -374,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "[--clock {wall,virtual}] [--time-budget S] [FLAG ...]",
                        description="Start the mode's service and the parameter server if it "
                        "needs them, and N workers on this machine; show progress; summarise.")
-    add_config_arguments(p, LAUNCH_DEFAULTS)
+    add_config_arguments(p, LAUNCH_DEFAULTS, mode=mode)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue that run from its last "
@@ -396,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "for a cluster)",
                        description="One process of a run. Reads RANK, WORLD_SIZE, MASTER_ADDR "
                        "and MASTER_PORT (torchrun's environment); alone it trains -m local.")
-    add_config_arguments(p, WORKER_DEFAULTS)
+    add_config_arguments(p, WORKER_DEFAULTS, mode=mode)
     p.add_argument("--config", help="a config.json to start from (flags given override it)")
     p.add_argument("--run-dir", help="write into this run directory (default: LOG_DIR/RUN_NAME)")
     p.add_argument("--no-figures", action="store_true", help="do not draw the figures")
@@ -523,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[:1] == ["bench"] and argv[1:2] not in (["modes"], ["comm"], ["state"]):
         argv = ["bench", "modes", *argv[1:]]  # `hetsync bench --modes ...` means the modes bench
-    args = build_parser().parse_args(argv)
+    args = build_parser(chosen_mode(argv)).parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, DataNotFoundError, DataFormatError) as err:

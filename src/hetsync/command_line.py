@@ -96,9 +96,10 @@ SECTIONS = {
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None,
-                         exclude: tuple[str, ...] = ()) -> None:
+                         exclude: tuple[str, ...] = (), mode: str | None = None) -> None:
     """One flag per Config field (but the fields in `exclude`) and per registered mode option,
-    in `SECTIONS`.
+    in `SECTIONS`; `mode`: the one the command line names (`chosen_mode`), whose own defaults
+    the mode options' help shows.
 
     Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
     `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
@@ -122,10 +123,37 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
                                default=argparse.SUPPRESS, metavar=f.name.upper(),
                                help=_with_default(help_text, getattr(defaults, f.name)),
                                **switch)
-    add_option_arguments(parser)
+    add_option_arguments(parser, mode)
 
 
-def add_option_arguments(parser: argparse.ArgumentParser) -> None:
+def chosen_mode(argv: list[str]) -> str | None:
+    """The mode `-m`/`--mode` names in `argv` (the last one given), if any."""
+    mode = None
+    for i, arg in enumerate(argv):
+        if arg in ("-m", "--mode") and i + 1 < len(argv):
+            mode = argv[i + 1]
+        elif arg.startswith("--mode="):
+            mode = arg.split("=", 1)[1]
+    return mode
+
+
+def _mode_defaults(name: str, modes: tuple[str, ...], mode: str | None) -> str | None:
+    """A shared option's defaults as its modes declare them (`ModeSpec.defaults`): `mode`'s
+    where it is one of them, else each one's; None where none declares one."""
+    from hetsync.algorithms import registry
+
+    values = {m: registry.get(m).defaults[name] for m in modes
+              if name in registry.get(m).defaults}
+    values = {m: f"{v:g}" if isinstance(v, float) else v for m, v in values.items()}
+    if mode in values:
+        return f"{_shown(values[mode])} for {mode}"
+    by_value: dict[str, list[str]] = {}
+    for m, value in values.items():
+        by_value.setdefault(_shown(value), []).append(m)
+    return "; ".join(f"{v} for {', '.join(ms)}" for v, ms in by_value.items()) or None
+
+
+def add_option_arguments(parser: argparse.ArgumentParser, mode: str | None = None) -> None:
     """One flag per registered mode option, in a group of their own; given values land in
     the namespace as `option.--LONG-FLAG` (two modes' options may share a field name, never a
     flag: see `given_options`)."""
@@ -135,6 +163,8 @@ def add_option_arguments(parser: argparse.ArgumentParser) -> None:
     for f, default, modes in option_flags():
         owner = registry.get(modes[0]).options
         shown = "auto" if default is None and f.metadata.get("parser") == "epsilon" else default
+        if default is None:
+            shown = _mode_defaults(f.name, modes, mode) or shown
         group.add_argument(*f.metadata["flags"], dest=OPTION_PREFIX + f.metadata["flags"][-1],
                            type=parser_for(f, typing.get_type_hints(owner)),
                            default=argparse.SUPPRESS, metavar=f.name.upper(),

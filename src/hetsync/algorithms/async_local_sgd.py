@@ -126,4 +126,4 @@ register(ModeSpec("async-local-sgd", AsyncLocalSGD, "local steps in proportion t
                   "worker's speed, pushed as soon as done; the parameter server applies "
                   "delayed Nesterov (asynchronous local SGD)", options=AsyncLocalOptions,
                   server_rule=server_rule, parameter_server=True, push_extra=PUSH_EXTRA,
-                  lr_note="inner rate, outer 0.7"))
+                  lr_note="inner rate, outer {global_lr:g}", defaults=DEFAULTS))

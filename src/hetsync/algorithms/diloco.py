@@ -83,6 +83,7 @@ class DiLoCo(LocalRounds):
 
 
 register(ModeSpec("diloco", DiLoCo, "H local steps of the inner optimizer on every worker; "
-                  "outer Nesterov (lr 0.7, momentum 0.9) on the mean delta (DiLoCo; "
-                  "--weighting samples: by samples)",
-                  options=DiLoCoOptions, lr_note="inner rate, outer 0.7", counts_samples=True))
+                  "outer Nesterov (lr {global_lr:g}, momentum {outer_momentum:g}) on the mean "
+                  "delta (DiLoCo; --weighting samples: by samples)",
+                  options=DiLoCoOptions, lr_note="inner rate, outer {global_lr:g}",
+                  counts_samples=True, defaults=DiLoCo.defaults))

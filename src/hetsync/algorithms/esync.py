@@ -334,12 +334,14 @@ def sum_length(model_numel: int, stats_numel: int, options: ESyncOptions) -> int
 register(ModeSpec("esync", ESync, "local steps until the state server says the slowest is "
                   "done; all-reduce Δ = w_local − w_global; w_global += gl·mean(Δ)",
                   options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
-                  lr_note="local rate, global 1", counts_samples=True))
+                  lr_note="local rate, global {global_lr:g}", counts_samples=True,
+                  defaults=ESync.defaults))
 register(ModeSpec("esync-outer", ESyncOuter, "as esync; the global update is an outer "
-                  "Nesterov optimizer (lr 0.7, momentum 0.9) on the mean delta; on non-IID "
-                  "data blocking rounds of at most 4 local steps",
+                  "Nesterov optimizer (lr {global_lr:g}, momentum {outer_momentum:g}) on the "
+                  "mean delta; on non-IID data blocking rounds of at most 4 local steps",
                   options=ESyncOptions, service=STATE_SERVER, sum_length=sum_length,
-                  lr_note="local rate, outer 0.7", counts_samples=True,
+                  lr_note="local rate, outer {global_lr:g}", counts_samples=True,
+                  defaults=ESyncOuter.defaults,
                   # measured (results/levers-drift.md): the background sum's extra steps
                   # and the fastest worker's 8 steps a round are what drift on label skew
                   non_iid_options={"overlap": False, "max_local_steps": 4}))

@@ -118,4 +118,5 @@ class FedBuff(AsyncLocalRounds):
 register(ModeSpec("fedbuff", FedBuff, "H local steps, pushed as soon as done; the parameter "
                   "server steps on every K buffered deltas, weighted by staleness (FedBuff)",
                   options=FedBuffOptions, server_rule=server_rule, parameter_server=True,
-                  push_extra=PUSH_EXTRA, lr_note="local rate, server 1"))
+                  push_extra=PUSH_EXTRA, lr_note="local rate, server {global_lr:g}",
+                  defaults=DEFAULTS))

@@ -34,16 +34,14 @@ WEIGHTINGS = ("uniform", "samples", "fednova")
 @dataclass
 class OuterOptions:
     """The outer step's options, shared by the modes that have one (each mode's own default
-    where not given)."""
+    where not given: `ModeSpec.defaults`)."""
 
     global_lr: float | None = field(default=None, metadata={
         "flags": ("-gl", "--global-lr"),
-        "help": "global (outer) learning rate on the combined weight delta (default: 1 for "
-                "esync, 0.7 for esync-outer, diloco, async-local-sgd; 1 for fedbuff)"})
+        "help": "global (outer) learning rate on the combined weight delta"})
     outer_momentum: float | None = field(default=None, metadata={
         "flags": ("--outer-momentum",),
-        "help": "Nesterov momentum of the global update (default: 0 for esync and fedbuff, "
-                "0.9 for esync-outer, diloco, async-local-sgd)"})
+        "help": "Nesterov momentum of the global update"})
 
     def validate_outer(self) -> None:
         from hetsync.options import invalid_option

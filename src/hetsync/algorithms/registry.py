@@ -68,7 +68,12 @@ class ModeSpec:
             transport, and ``--collective`` must stay ``native``).
         lr_scaling: how the bench scales the base rate with P workers: ``"workers"`` (× P: one
             averaged gradient of P batches per step) or ``"base"``.
-        lr_note: how the rate is used, for the bench's table (e.g. "local rate, global 1").
+        lr_note: how the rate is used, for the bench's table (e.g. "local rate, outer
+            {global_lr:g}": `rate_note` fills in `defaults`, or the rate a run gives).
+        defaults: the mode's own values of the shared options it leaves None
+            (`algorithms/outer.py`'s: its global rate, outer momentum, weighting), written once
+            here: its workers and server rule read them (`global_update`), `summary` and
+            `lr_note` name them as ``{global_lr:g}``, and `--help` shows them.
         max_workers: the most workers the mode runs on (sequential SGD: 1).
         min_workers: the fewest (PyTorch's DDP needs a process group: 2).
         baseline: a scheme of PyTorch's own, run by the bench beside hetsync's.
@@ -99,8 +104,10 @@ class ModeSpec:
     counts_samples: bool = False
     non_iid_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     resolve: Callable[[Any], str] | None = None
+    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "summary", self.summary.format(**self.defaults))
         if self.lr_scaling not in ("base", "workers"):
             raise ValueError(f"mode {self.name!r}: lr_scaling must be 'base' or 'workers', "
                              f"got {self.lr_scaling!r}")
@@ -127,6 +134,11 @@ class ModeSpec:
 
     def option_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.options) if self.options is not None else ()
+
+    def rate_note(self, global_lr: float | None = None) -> str:
+        """`lr_note` with the mode's defaults, or the global rate a run gives."""
+        given = {} if global_lr is None else {"global_lr": global_lr}
+        return self.lr_note.format(**{**self.defaults, **given})
 
     def run_mode(self, options) -> str:
         """The name this run is recorded under (``resolve``, else the mode's own)."""

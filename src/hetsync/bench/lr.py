@@ -25,7 +25,6 @@ rate depends on the horizon: a trial as long as the runs chooses for their final
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -55,9 +54,7 @@ def linear_scaling(mode: str, base_lr: float, workers: float, optimizer: str = "
             return LrChoice(base_lr * workers ** 0.5,
                             f"{base_lr:g} x sqrt({workers:.4g} workers' batches)")
         return LrChoice(base_lr * workers, f"{base_lr:g} x {workers:.4g} workers' batches")
-    note = spec.lr_note
-    if global_lr is not None:
-        note = re.sub(r"\b(outer|global|server) [0-9.]+", rf"\g<1> {global_lr:g}", note)
+    note = spec.rate_note(global_lr)
     return LrChoice(base_lr, "base" if note == "base" else f"base, {note}")
 
 
