@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-#: what the server imports once for every child (nothing that starts a thread)
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hetsync.cli",
-           "hetsync.runtime.worker", "hetsync.runtime.evaluation"]
+#: what the server imports once for every child (nothing that starts a thread; nothing above
+#: this layer: the command line a child runs imports the rest)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "hetsync.runtime.worker",
+           "hetsync.runtime.evaluation"]
 
 
 def _context():
@@ -103,7 +105,7 @@ def start(args: list[str], log: Path, *, append: bool, env: dict[str, str],
 def _run(args: list[str], log: str, append: bool, env: dict[str, str],
          cores: list[int] | None, cwd: str, path: list[str]) -> None:
     """The child: set up as `Popen(start_new_session=True, preexec_fn=...)` would, then run
-    the command line as `hetsync.__main__` does."""
+    `hetsync.__main__` as `python -m hetsync ARGS` does (its exit code is the child's)."""
     # The server lives while any holder of its "alive" pipe does: each child is given one
     # (to start processes of its own), so a child that kept it would keep the server -- and
     # so itself, which dies with the server -- alive after launch died.
@@ -130,14 +132,5 @@ def _run(args: list[str], log: str, append: bool, env: dict[str, str],
     os.environ.update(env)
     os.chdir(cwd)
     sys.path[:] = path
-    sys.argv = [sys.executable, "-m", "hetsync", *args]
-
-    from hetsync.cli import main
-    from hetsync.comm.p2p import stranded
-
-    code = main(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if stranded():  # (as `hetsync.__main__`: a shutdown under their threads would abort)
-        os._exit(code)
-    sys.exit(code)
+    sys.argv = [sys.executable, *args]
+    runpy.run_module("hetsync", run_name="__main__", alter_sys=True)
