@@ -19,10 +19,12 @@ SCHEDULES = {
     # launch starts again to join the running job
     "esync-outer": [Event(2.0, "stop-worker", 1, pause=1.5), Event(4.0, "kill-worker", 0),
                     Event(6.0, "kill-state-server"), Event(7.0, "kill-evaluator")],
-    # rank 0 lost (after its checkpoint at 5 s): rank 1 leads on; the parameter server
-    # killed: launch resumes the run from rank 0's checkpoint, with every worker
+    # rank 0 lost (2.5 s after its checkpoint at 5 s of training, which pulls the model
+    # from the server and may take a second on a busy machine): rank 1 leads on; the
+    # parameter server killed: launch resumes the run from the last checkpoint of a leader,
+    # with every worker
     "async": [Event(2.0, "stop-worker", 2, pause=1.5), Event(4.0, "kill-evaluator"),
-              Event(6.5, "kill-worker", 0), Event(9.0, "kill-ps")],
+              Event(7.5, "kill-worker", 0), Event(10.0, "kill-ps")],
 }
 
 

@@ -152,7 +152,7 @@ class Cluster:
         self.first_record: float | None = None
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | forked.Child] = {}  # (forked, or exec'd)
         #: the service the mode declares, its port once started, and its restarts so far
         self.service = cfg.spec.service
         self.service_port: int | None = None
