@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -29,5 +30,18 @@ def pid_of(run_dir: Path, name: str) -> int | None:
 
 
 def pid_of_rank(run_dir: Path, rank: int) -> int | None:
-    """The process of worker `rank` of the run in `run_dir` (see `pid_of`)."""
-    return pid_of(run_dir, f"rank-{rank}")
+    """The process of worker `rank` of the run in `run_dir`: launch's (`pid_of`), or one that
+    torchrun started (its command line names the run directory, its environment the rank)."""
+    pid = pid_of(run_dir, f"rank-{rank}")
+    if pid is not None:
+        return pid
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker" in cmd and str(run_dir).encode() in cmd and \
+                f"RANK={rank}".encode() in env and running(int(entry)):
+            return int(entry)
+    return None

@@ -371,11 +371,12 @@ class Cluster:
         time.sleep(1.0)
 
     def failed(self) -> tuple[str, int] | None:
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code not in (None, 0) and name not in self.lost:
-                return name, code
-        return None
+        """A process that failed (name, exit code), not one already lost; where several have
+        by now, one a signal ended (a kill is the cause; the others' errors followed it: a
+        forked child's status reaches launch through its parent, a moment late)."""
+        failures = [(name, code) for name, proc in self.procs.items()
+                    if (code := proc.poll()) not in (None, 0) and name not in self.lost]
+        return min(failures, key=lambda f: f[1] >= 0, default=None)
 
     def done(self) -> bool:
         return all(p.poll() == 0 for name, p in self.ranks().items() if name not in self.lost)
