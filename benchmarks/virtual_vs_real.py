@@ -61,20 +61,36 @@ def run(args, log_dir: Path, name: str, profile: str, mode: str, seed: int,
     config = json.loads((run_dir / "config.json").read_text())
     last = evals[-1] if evals else {"samples_seen": 0, "train_time": 0.0, "test_acc": math.nan}
     return {"evals": evals, "speed_scale": config.get("speed_scale", 1.0),
+            "server_work": server_work(run_dir),
             "real_s": time.monotonic() - started, "final": last["test_acc"],
             # samples per second of training time, to the last evaluation
             "throughput": last["samples_seen"] / last["train_time"] if last["train_time"]
             else math.nan}
 
 
-def calibrated(real_dir: Path, sync_dir: Path) -> list[str]:
+def server_work(run_dir: Path) -> float | None:
+    """The parameter server's seconds of work per megabyte it received and sent, as its
+    `ps.jsonl` measured them (None: no server, or one that did not measure)."""
+    path = run_dir / "ps.jsonl"
+    if not path.is_file():
+        return None
+    last = json.loads(path.read_text().splitlines()[-1])
+    moved = last.get("bytes_sent", 0) + last.get("bytes_recv", 0)
+    return last["busy_s"] / (moved / 1e6) if "busy_s" in last and moved else None
+
+
+def calibrated(real_dir: Path, sync_dir: Path, link: list[str]) -> list[str]:
     """Launch flags that give a virtual run what the real runs measured: each device at the
     speed its records show (its nominal slowdown ÷ the share of its nominal speed it kept),
     and a link latency that makes a ring sum cost what the real sync run's slowest worker
-    spent in one per round (the median; it waits for nobody), at 10 Gbit/s."""
+    spent in one per round (the median; it waits for nobody), at 10 Gbit/s (no real sync
+    run of the profile and seed: the profile's `link`, LATENCY and BANDWIDTH)."""
     summary = json.loads((real_dir / "summary.json").read_text())
     slowdowns = [w["slowdown"] / (w.get("speed_of_nominal") or 1.0)
                  for w in summary["per_worker"]]
+    speeds = ["--slowdowns", ",".join(f"{x:.4f}" for x in slowdowns), "--speed-scale", "1"]
+    if not (sync_dir / "summary.json").is_file():
+        return speeds + ["--link-latency", link[0], "--link-bandwidth", link[1]]
     sync = json.loads((sync_dir / "summary.json").read_text())
     slowest = max(sync["per_worker"], key=lambda w: w["slowdown"])["rank"]
     records = [json.loads(line) for line in
@@ -82,8 +98,7 @@ def calibrated(real_dir: Path, sync_dir: Path) -> list[str]:
     cost = statistics.median(r["comm_s"] for r in records[2:])
     workers = len(slowdowns)
     latency = max(cost, 0.0) / (2 * (workers - 1)) if workers > 1 else 0.0
-    return ["--slowdowns", ",".join(f"{x:.4f}" for x in slowdowns), "--speed-scale", "1",
-            "--link-latency", f"{latency:.6f}", "--link-bandwidth", "10gbit"]
+    return speeds + ["--link-latency", f"{latency:.6f}", "--link-bandwidth", "10gbit"]
 
 
 def fmt(x: float | None) -> str:
@@ -106,8 +121,9 @@ def main() -> int:
     p.add_argument("--step-work", type=float, default=0.006,
                    help="the reference step (s per batch of 64), the same for both clocks")
     p.add_argument("--targets", default="0.8,0.85,0.88,0.9")
-    p.add_argument("--links", default="0.0004:4.8gbit;0.0004:4.8gbit;0.0011:9.2gbit",
-                   help="LATENCY:BANDWIDTH of the virtual links per profile (';'), fitted to "
+    p.add_argument("--links", default="2=0.0004:4.8gbit;4=0.0011:9.2gbit",
+                   help="WORKERS=LATENCY:BANDWIDTH of the virtual links by the profile's "
+                        "number of devices (';'), fitted to "
                         "this machine's in-machine sums: `hetsync bench comm --world-sizes "
                         "2,4 --sizes 1e2,6.2e4,1e6 --algorithms native` on 2026-11-28 gave "
                         "2 processes 0.80 ms for 100 floats and 7.48 ms for 1e6 (α 0.4 ms, "
@@ -118,6 +134,11 @@ def main() -> int:
                         "of the nominal model: each device at the speed it ran at (samples per "
                         "second of computing), and links whose latency makes a sum cost what "
                         "the real sync run's slowest worker spent in one (it waits for nobody)")
+    p.add_argument("--server-work", default="0",
+                   help="the virtual parameter server's seconds of work per megabyte "
+                        "(`--server-work` of launch), or `measured`: each profile's median "
+                        "over its real runs of what their servers measured (ps.jsonl's "
+                        "busy_s per megabyte moved)")
     p.add_argument("--launch-args", default="", help="more flags for every launch")
     p.add_argument("--log-dir", default="runs/virtual-vs-real")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
@@ -130,7 +151,9 @@ def main() -> int:
             + [f"{c} tta {t:g}" for t in targets for c in ("real", "virtual")]
             + ["real final", "virtual final", "real samples/s", "virtual samples/s",
                "virtual run real s"])
-    links = dict(zip(args.profiles.split(";"), (l.split(":") for l in args.links.split(";"))))
+    by_workers = {int(k): v.split(":") for k, v in
+                  (entry.split("=") for entry in args.links.split(";"))}
+    links = {profile: by_workers[len(profile.split(","))] for profile in args.profiles.split(";")}
     cases = [(profile, mode, seed) for profile in args.profiles.split(";")
              for mode in args.modes.split(",") for seed in map(int, args.seeds.split(","))]
     tag = {c: f"{c[1]}-{c[0].replace(',', '_')}-s{c[2]}" for c in cases}
@@ -138,13 +161,19 @@ def main() -> int:
     # not depend on the load, so the machine may then be busy)
     real = {c: run(args, log_dir, f"real-{tag[c]}", *c, []) for c in cases}
     rows, groups = [], {}
+    work = {profile: (median([real[c]["server_work"] for c in cases if c[0] == profile])
+                      if args.server_work == "measured" else float(args.server_work))
+            for profile in args.profiles.split(";")}
     for c in cases:
         if args.calibrate:
             extra = calibrated(log_dir / f"real-{tag[c]}",
-                               log_dir / f"real-sync-{c[0].replace(',', '_')}-s{c[2]}")
+                               log_dir / f"real-sync-{c[0].replace(',', '_')}-s{c[2]}",
+                               links[c[0]])
         else:
             extra = ["--speed-scale", str(real[c]["speed_scale"]),
                      "--link-latency", links[c[0]][0], "--link-bandwidth", links[c[0]][1]]
+        if work[c[0]]:
+            extra += ["--server-work", f"{work[c[0]]:.6f}"]
         virtual = run(args, log_dir, f"{'calibrated' if args.calibrate else 'virtual'}-{tag[c]}",
                       *c, ["--clock", "virtual", *extra])
         row = list(map(str, c))
@@ -162,7 +191,9 @@ def main() -> int:
     lines = [f"virtual clock against real runs, commit {commit}, {time.strftime('%Y-%m-%d')}, "
              f"budget {args.budget:g} s, reference step {args.step_work * 1000:g} ms, virtual "
              f"links (latency s:bandwidth) per profile: "
-             + ", ".join(f"{k} {':'.join(v)}" for k, v in links.items()), "",
+             + ", ".join(f"{k} {':'.join(v)}" for k, v in links.items())
+             + "; the parameter server's work (s per MB) per profile: "
+             + ", ".join(f"{k} {v or 0:.4f}" for k, v in work.items()), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| profile | mode | target | real median | virtual median | virtual ÷ real |",

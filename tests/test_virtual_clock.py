@@ -146,13 +146,14 @@ class _OrderRule:
         return self.w.clone()
 
 
-def _pushes_in_virtual_order(rank, world):
+def _pushes_in_virtual_order(rank, world, work_s_per_byte=0.0):
     from hetsync.comm import ParameterServer, PSClient
 
     server = world - 1
     if rank == server:
         rule = _OrderRule()
-        ParameterServer(list(range(server)), rule, timeout=30, link=LINK).serve()
+        ParameterServer(list(range(server)), rule, timeout=30, link=LINK,
+                        work_s_per_byte=work_s_per_byte).serve()
         return rule.order
     clock = VirtualClock(LINK)
     with PSClient(server, timeout=30) as ps:
@@ -173,6 +174,17 @@ def test_the_parameter_server_serves_pushes_in_the_order_of_the_virtual_clock():
     for sent, back in workers:
         # in: α, then the bytes through the server's link; out: the reply's bytes, then α
         assert back == pytest.approx(sent + 2 * (LINK.latency_s + message), rel=1e-9)
+
+
+def test_the_parameter_servers_own_work_queues_the_pushes_on_the_virtual_clock():
+    """0.15 s of server work per request (request and reply: 2 × 128 bytes): rank 1's push
+    (sent at 0.1 s) is served at once, rank 2's (0.2 s) once rank 1's is done (0.25 s), rank
+    0's (0.3 s) once rank 2's is (0.4 s); each reply leaves when its work is done."""
+    *workers, order = run_ranks(_pushes_in_virtual_order, 4, 0.15 / 256)
+    assert order == [1, 2, 0]
+    message = LINK.message_seconds(112 + 16) - LINK.latency_s
+    for (sent, back), done in zip(workers, (0.55, 0.25, 0.4)):
+        assert back == pytest.approx(done + 2 * (LINK.latency_s + message), rel=1e-9)
 
 
 # ----------------------------------------------------------------------------- whole runs

@@ -82,7 +82,8 @@ SECTIONS = {
     "the cluster: devices and links": (
         "step_work", "speed_scale", "cores", "oversubscribe", "gpu", "cpu", "threads",
         "straggle_prob", "straggle_delay", "step_jitter", "jitter_distribution", "collective",
-        "bandwidth", "link_bandwidth", "link_latency", "spare_workers", "spare_start"),
+        "bandwidth", "link_bandwidth", "link_latency", "server_work", "spare_workers",
+        "spare_start"),
     "training: model, data and optimizer": (
         "network", "dataset", "data_dir", "context", "n_layer", "n_head", "n_embd",
         "batch_size", "balanced_batches", "lr", "lr_schedule", "lr_final", "momentum",

@@ -199,6 +199,11 @@ class Config:
         "help": "--clock virtual: each worker's link, e.g. 10gbit or 100mbit"})
     link_latency: float = field(default=20e-6, metadata={"flags": ("--link-latency",),
         "help": "--clock virtual: each message's latency in seconds"})
+    server_work: float = field(default=0.0, metadata={"flags": ("--server-work",),
+        "help": "--clock virtual: the parameter server's seconds of work per megabyte of a "
+                "request and its reply (receiving, applying the mode's rule, replying); one "
+                "request at a time, so pushes queue behind it (0: its work is free). "
+                "`ps.jsonl`'s busy_s and bytes measure it on a real run"})
     step_jitter: float = field(default=0.0, metadata={"flags": ("--step-jitter",),
         "help": "--clock virtual: sigma of a seeded lognormal draw (mean 1) that multiplies "
                 "each step's time (0: every step of a device takes the same time)"})
@@ -484,6 +489,8 @@ class Config:
             raise bad("link_bandwidth", "a rate such as 10gbit, 100mbit or 500kbit") from None
         if not 0 <= self.link_latency <= 1:
             raise bad("link_latency", "seconds in [0, 1]")
+        if not 0 <= self.server_work <= 10:
+            raise bad("server_work", "seconds per megabyte in [0, 10]")
         if not 0 <= self.step_jitter <= 2:
             raise bad("step_jitter", "a sigma in [0, 2]")
         if self.jitter_distribution not in JITTERS:

@@ -23,7 +23,8 @@ Three uses:
   clock (ties by rank) once no other open worker can still send an earlier one (a worker
   sends nothing before its last reply reached it), so the order of pushes (staleness, a
   buffer's contents) is the virtual clock's, not the real machine's; each reply carries when
-  it reaches its worker.
+  it reaches its worker, after the server's own work on the requests before it
+  (``work_s_per_byte``; 0: free).
 
 Example (3 ranks: workers 0, 1; server 2)::
 
@@ -100,6 +101,10 @@ class ServerStats:
     lost: list[int] = dataclasses.field(default_factory=list)
     #: lost workers served again, each time one's new process linked (`joins`)
     rejoined: list[int] = dataclasses.field(default_factory=list)
+    #: real seconds spent receiving and serving requests (their payloads, the rule, the
+    #: replies handed to the transport): the server's own work, which a virtual clock's
+    #: `work_s_per_byte` models
+    busy_s: float = 0.0
 
 
 def _explain(reply: Header) -> str:
@@ -180,7 +185,7 @@ class ParameterServer:
                  known_lost: Callable[[], Iterable[int]] | None = None,
                  gone: Callable[[int, str], None] | None = None,
                  joins: Callable[[list[int]], list[tuple[int, GroupView]]] | None = None,
-                 absent: Iterable[int] = (), link=None):
+                 absent: Iterable[int] = (), link=None, work_s_per_byte: float = 0.0):
         workers = list(worker_ranks)
         if not workers:
             raise ValueError("worker_ranks must name at least one worker, got []")
@@ -195,6 +200,9 @@ class ParameterServer:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if not 0 <= work_s_per_byte < float("inf"):
+            raise ValueError(f"work_s_per_byte must be a finite number >= 0, got "
+                             f"{work_s_per_byte!r}")
         if linger is not None and not 0 < linger < float("inf"):
             raise ValueError(f"linger must be a finite number of seconds > 0, got {linger!r}")
         self.workers = tuple(sorted(workers))
@@ -216,7 +224,11 @@ class ParameterServer:
         #: they reach the server on the workers' virtual clocks, and each reply says when it
         #: reaches its worker (None: the wall clock, in arrival order)
         self.link = link
+        #: a virtual clock's server work: seconds per byte of a request and its reply (0: the
+        #: rule's work is free); a request is served once the server has served those before
+        self.work_s_per_byte = work_s_per_byte
         self._in_free = self._out_free = 0.0  # when the server's link is free, each way
+        self._work_free = 0.0                 # when the server has served what came before
         self._replied: dict[int, float] = {}   # when the last reply reaches a worker
         self._view: GroupView | None = None
         #: worker -> (view, its group rank) where it is served apart from the default group
@@ -403,6 +415,7 @@ class ParameterServer:
                     continue
                 raw = received_fields(raw)
                 seq = int(raw[Field.SEQ]) if len(raw) > Field.SEQ else 0
+                busy_from = time.perf_counter()
                 try:
                     header, payload = self._receive(raw, src, next_seq[src], next_round[src],
                                                     rounds)
@@ -422,7 +435,9 @@ class ParameterServer:
                 next_seq[src] += 1
                 if self.link is None:
                     said_bye = handle(src, header, payload) or said_bye
+                    self.stats.busy_s += time.perf_counter() - busy_from
                     continue
+                self.stats.busy_s += time.perf_counter() - busy_from
                 # The virtual clock: the request that reaches the server first is served once
                 # no open worker can still send one that arrives before it (conservative: a
                 # worker sends no request before its last reply reached it, nor before its
@@ -436,7 +451,9 @@ class ParameterServer:
                     if others and min(others) < (held[first][0], first):
                         break  # one of them may yet send an earlier request
                     _, header, payload = held.pop(first)
+                    busy_from = time.perf_counter()
                     said_bye = handle(first, header, payload) or said_bye
+                    self.stats.busy_s += time.perf_counter() - busy_from
                     replied = self._replied.pop(first, None)
                     if replied is not None:
                         earliest[first] = max(earliest[first], replied + arrival)
@@ -533,19 +550,25 @@ class ParameterServer:
                                     field="numel", value=header.numel)
 
     def _virtual_reply(self, worker: int, header: Header, reply: Payload) -> float:
-        """On the virtual clock, when the reply to `header`'s request reaches its worker: the
-        request comes in through the server's link after the ones before it, is served at
-        once (the rule's work is taken as free), and its reply goes out through the same
-        link after the replies before it (0.0: the wall clock)."""
+        """On the virtual clock, when the reply to `header`'s request reaches its worker:
+
+        1. the request comes in through the server's link after the ones before it;
+        2. the server serves it once it has served those before, in (request + reply bytes)
+           × `work_s_per_byte` (0: at once, the rule's work taken as free);
+        3. its reply goes out through the same link after the replies before it.
+
+        (0.0: the wall clock.)"""
         if self.link is None:
             return 0.0
         reply_bytes = HEADER_BYTES + Header(op=Op.REPLY, sender=0, seq=0,
                                             **describe(reply)).payload_bytes
+        request_bytes = HEADER_BYTES + header.payload_bytes
         per_byte = 1.0 / self.link.bytes_per_s
-        received = (max(header.time + self.link.latency_s, self._in_free)
-                    + (HEADER_BYTES + header.payload_bytes) * per_byte)
+        received = max(header.time + self.link.latency_s, self._in_free) + request_bytes * per_byte
         self._in_free = received
-        self._out_free = max(received, self._out_free) + reply_bytes * per_byte
+        self._work_free = (max(received, self._work_free)
+                           + (request_bytes + reply_bytes) * self.work_s_per_byte)
+        self._out_free = max(self._work_free, self._out_free) + reply_bytes * per_byte
         self._replied[worker] = self._out_free + self.link.latency_s
         return self._replied[worker]
 

@@ -118,7 +118,8 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
 
 def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: float,
                      worker_ranks: list[int], timeout: float, gone=None,
-                     joins: bool = False, absent: list[int] = (), link=None):
+                     joins: bool = False, absent: list[int] = (), link=None,
+                     work_s_per_byte: float = 0.0):
     """The parameter server of `spec`'s mode (for `hetsync worker`'s server rank and
     `hetsync.serve_parameters` alike): it starts from `model`'s weights, which the workers
     pull, and applies the mode's rule at rate `lr`; it sums BatchNorm statistics too (sync,
@@ -128,7 +129,8 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
     asynchronous mode, its new process may link to the server and be served again
     (`runtime/server_link.py`; `hetsync worker --join`), and so may the `absent` ones (the
     spares a run starts without) once they link. `gone`, `link` (a virtual clock's: the
-    order of service is the workers' virtual one): see `ParameterServer`."""
+    order of service is the workers' virtual one), `work_s_per_byte` (the virtual clock's
+    server work): see `ParameterServer`."""
     from hetsync.algorithms.base import bn_statistics, flatten
     from hetsync.algorithms.registry import build_server_rule
     from hetsync.comm import ParameterServer
@@ -152,7 +154,7 @@ def parameter_server(spec: ModeSpec, options: Any, model: torch.nn.Module, lr: f
                            numel=weights.numel() + spec.push_extra,
                            sum_numel=spec.longest_sum(weights.numel(), stats_numel, options),
                            linger=min(timeout, 30.0), known_lost=lost, gone=gone, joins=linked,
-                           absent=absent, link=link)
+                           absent=absent, link=link, work_s_per_byte=work_s_per_byte)
 
 
 def serve_and_record(server, run_dir: Path | None):
@@ -176,6 +178,7 @@ def serve_and_record(server, run_dir: Path | None):
         with JsonlWriter(Path(run_dir) / "ps.jsonl") as out:
             out.write({"t": time.perf_counter() - start, "bytes_sent": sent,
                        "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost,
-                       "rejoined": stats.rejoined,
+                       "rejoined": stats.rejoined, "busy_s": stats.busy_s,
+                       "requests": sum(stats.requests.values()),
                        "absent": sorted(server.absent)})  # (spares that never linked)
     return stats

@@ -568,7 +568,8 @@ def _serve_parameters(cfg: Config, model: torch.nn.Module, run_dir: Path,
     serve_and_record(parameter_server(cfg.spec, cfg.mode_options(), model, cfg.lr,
                                       list(range(cfg.workers)), cfg.timeout,
                                       joins=cfg.admits_workers, absent=spares or (),
-                                      link=getattr(cfg.make_clock(), "link", None)), run_dir)
+                                      link=getattr(cfg.make_clock(), "link", None),
+                                      work_s_per_byte=cfg.server_work / 1e6), run_dir)
 
 
 def _clock_info(cfg: Config, mode, real_s: float) -> dict:
@@ -578,7 +579,7 @@ def _clock_info(cfg: Config, mode, real_s: float) -> dict:
     if cfg.clock == "virtual":
         info.update(step_jitter=cfg.step_jitter, jitter_distribution=cfg.jitter_distribution,
                     profile=cfg.profile, step_overheads=list(cfg.step_overheads),
-                    step_work=cfg.step_work,
+                    step_work=cfg.step_work, server_work=cfg.server_work,
                     slowdowns=[cfg.slowdown_of(r) for r in range(cfg.workers)],
                     real_s=real_s)
     return info

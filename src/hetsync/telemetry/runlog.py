@@ -9,7 +9,8 @@ A run directory holds:
   and, when written, ``eval_s``, ``query_s``, the data ledger's ``drawn``,
   ``epoch_batches`` and ``held``), and the fields the mode adds (`Mode.round_record`);
 - ``eval.jsonl``: ``t, train_time, round, samples_seen, test_acc, test_loss``;
-- ``ps.jsonl`` (optional): cumulative ``{t, bytes_sent, bytes_recv}`` of the parameter server;
+- ``ps.jsonl`` (optional): the parameter server's ``{t, bytes_sent, bytes_recv, busy_s,
+  requests}`` (busy_s: real seconds it spent serving);
 - ``service.json`` (optional): the counts of the service the mode declares, ``{service,
   bytes_sent, bytes_recv, requests, ...}`` (ESync's state server adds ``lost, last_round``:
   by rank, the last round its run had a report of).
