@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import socket
 import signal
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from hetsync.runtime import checkpoint
+from hetsync.telemetry.rundir import RunDir
 
 from processes import pid_of_rank
 
@@ -413,8 +413,8 @@ def test_a_worker_lost_during_a_regroup_is_lost_too_and_the_others_go_on(tmp_pat
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, out
     assert json.loads((run / "run.json").read_text())["lost_workers"] == [1, 2], out
-    logs = [(run / "logs" / f"rank-{r}.log").read_text() for r in (0, 3)]
-    assert all("going on without rank(s) 1, 2" in log for log in logs), logs
+    lost = RunDir(run).read_events("lost")
+    assert lost and lost[-1]["ranks"] == [1, 2] and lost[-1]["workers"] == [0, 3], lost
     ends = [_rounds(run, rank)[-3:] for rank in (0, 3)]  # on together, to the end
     assert ends[0] == ends[1] and ends[0][0] > max(_rounds(run, 2)), (ends, out)
 
@@ -456,7 +456,9 @@ def test_torchrun_max_restarts_rejoins_from_the_last_checkpoint(tmp_path):
     os.kill(pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
-    assert "torchrun restart 1: resuming" in out and "resuming from checkpoint" in out
+    assert "torchrun restart 1: resuming" in out
+    resumed, = RunDir(run).read_events("resumed")
+    assert resumed["round"] > 0 and resumed["train_time"] > 0, resumed
     evals = _evals(run)
     times = [e["train_time"] for e in evals]
     assert len(set(times)) == len(times) and times[-1] >= 6.0
@@ -504,11 +506,12 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
          "--run-name", "run", "--quiet", "--no-figures"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
-    regrouped = "rank 2: going on without rank(s) 1 from"
-    for victim, after in ((1, None), (0, regrouped)):
+    def regrouped() -> bool:
+        return any(1 in e["ranks"] for e in RunDir(run).read_events("lost"))
+
+    for victim, after in ((1, lambda: True), (0, regrouped)):
         # (rank 1 has recorded a round: past the start, where a loss ends the run)
-        while (not (run / "worker-1.jsonl").exists() or not _rounds(run, 1)
-               or after is not None and after not in (run / "logs" / "rank-2.log").read_text()):
+        while not (run / "worker-1.jsonl").exists() or not _rounds(run, 1) or not after():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         time.sleep(1.0)
@@ -517,20 +520,17 @@ def test_a_lost_worker_is_started_again_and_joins_the_running_job(tmp_path):
         os.kill(pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, out
-    logs = {r: (run / "logs" / f"rank-{r}.log").read_text() for r in range(3)}
-    offers = [(set(map(int, ranks.split(", "))), int(at)) for ranks, at in re.findall(
-        r"rank\(s\) ([\d, ]+) asked to join: offered a place at round (\d+)",
-        "".join(logs.values()))]
+    events = RunDir(run)
+    offers = [(set(e["ranks"]), e["round"]) for e in events.read_events("offered")]
+    exits = {e["process"]: e for e in events.read_events("exited")}
     for victim in (1, 0):
-        assert (f"rank-{victim} exited with code -9; esync-outer goes on without it; started "
-                f"it again to join the run") in out, out
-        joined_at, waited = re.search(r"joined the run at round (\d+), ([\d.]+) s after",
-                                      logs[victim]).groups()
+        assert exits[f"rank-{victim}"]["code"] == -9 and exits[f"rank-{victim}"]["rejoins"]
+        joined = [e for e in events.read_events("joined") if e["rank"] == victim][-1]
         offered_at = [at for ranks, at in offers if victim in ranks][-1]
-        assert offered_at <= int(joined_at) <= offered_at + 2, (offered_at, joined_at)
-        assert float(waited) < 10.0, logs[victim]  # asked → admitted: a round or two
+        assert offered_at <= joined["round"] <= offered_at + 2, (offered_at, joined)
+        assert joined["waited_s"] < 10.0, joined  # asked → admitted: a round or two
         after = [r for r in _rounds(run, victim) if r >= offered_at]
-        assert after and after[0] <= int(joined_at) + 2, (after[:5], joined_at)
+        assert after and after[0] <= joined["round"] + 2, (after[:5], joined)
     info = json.loads((run / "run.json").read_text())
     assert sorted(info["joined_workers"]) == [0, 1] and "lost_workers" not in info, info
     # the state server's last run planned for all three, to the end
@@ -576,11 +576,10 @@ def test_a_spare_that_was_never_part_of_the_run_joins_it(tmp_path):
     assert [r.get("spare", False) for r in info["ranks"]] == [False, False, True]
     # where the spare ran, as its process said when it joined (not known at the start)
     assert info["ranks"][2]["host"] == socket.gethostname() and info["ranks"][2]["cores"], info
-    leader_log = (run / "logs" / "rank-0.log").read_text()
-    offered_at = int(re.search(r"rank\(s\) 2 asked to join: offered a place at round (\d+)",
-                               leader_log).group(1))
-    joined_at = int(re.search(r"joined the run at round (\d+)",
-                              (run / "logs" / "rank-2.log").read_text()).group(1))
+    offered, = RunDir(run).read_events("offered")
+    joined, = RunDir(run).read_events("joined")
+    assert offered["ranks"] == [2] and joined["rank"] == 2, (offered, joined)
+    offered_at, joined_at = offered["round"], joined["round"]
     assert offered_at <= joined_at <= offered_at + 2, (offered_at, joined_at)
     rounds = _rounds(run, 2)
     assert rounds[0] <= joined_at + 2 and min(_records(run, 2, "t_start")) >= 3.0
@@ -621,8 +620,8 @@ def test_a_spare_joins_an_asynchronous_run_on_a_link_of_its_own(tmp_path):
     assert "started spare rank(s) 2 to join the run" in out, out
     ps = json.loads((run / "ps.jsonl").read_text().splitlines()[-1])
     assert ps["rejoined"] == [2] and ps["lost"] == [], ps
-    assert re.search(r"rank 2: joined the run at round \d+, [\d.]+ s after asking \(on a "
-                     r"link of its own", (run / "logs" / "rank-2.log").read_text())
+    joined, = RunDir(run).read_events("joined")
+    assert joined["rank"] == 2 and joined["waited_s"] < 30.0, joined
     starts = _records(run, 2, "t_start")
     assert len(starts) > 20 and starts[0] >= 3.0 and _records(run, 0, "t_start")[0] < 3.0
     summary = json.loads((run / "summary.json").read_text())
@@ -683,7 +682,7 @@ def test_an_asynchronous_run_goes_on_without_rank_0_and_rank_1_leads(tmp_path):
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "rank-0 exited with code -9; async goes on without it" in out, out
-    assert "rank 1: leads from here (rank 0 lost)" in (run / "logs" / "rank-1.log").read_text()
+    assert [(e["rank"], e["lost"]) for e in RunDir(run).read_events("lead")] == [(1, 0)]
     ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
     assert ps[-1]["lost"] == [0], ps
     lost_at = max(_records(run, 0, "t_end"))
@@ -731,10 +730,12 @@ def test_a_lost_asynchronous_worker_joins_the_running_job_again(tmp_path):
          "--no-figures"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 150  # (a new process starts in seconds, more when busy)
     killed_at = {}
-    for victim, after in ((1, None), (0, (1, "joined the run at round"))):
+    def back(rank: int) -> bool:
+        return any(e["rank"] == rank for e in RunDir(run).read_events("joined"))
+
+    for victim, after in ((1, None), (0, 1)):
         while (max(_records(run, victim, "t_end") if (run / f"worker-{victim}.jsonl").exists()
-                   else [0.0], default=0.0) < 3.0 or after is not None and after[1] not in
-               (run / "logs" / f"rank-{after[0]}.log").read_text()):
+                   else [0.0], default=0.0) < 3.0 or after is not None and not back(after)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.1)
         time.sleep(1.0)
@@ -744,19 +745,18 @@ def test_a_lost_asynchronous_worker_joins_the_running_job_again(tmp_path):
         os.kill(pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=150)
     assert proc.returncode == 0, out
-    logs = {r: (run / "logs" / f"rank-{r}.log").read_text() for r in range(3)}
+    events = RunDir(run)
+    exits = {e["process"]: e for e in events.read_events("exited")}
     for victim in (1, 0):
-        assert (f"rank-{victim} exited with code -9; async goes on without it; started it "
-                f"again to join the run") in out, out
-        waited = re.search(r"joined the run at round \d+, ([\d.]+) s after asking",
-                           logs[victim])
-        assert waited and float(waited.group(1)) < 10.0, logs[victim]
+        assert exits[f"rank-{victim}"]["code"] == -9 and exits[f"rank-{victim}"]["rejoins"]
+        joined, = [e for e in events.read_events("joined") if e["rank"] == victim]
+        assert joined["waited_s"] < 10.0, joined
         rounds = _rounds(run, victim)
         assert rounds == sorted(set(rounds)), rounds  # counted on from its own
         # it trained again after its loss (the run's clock goes on in its records)
         assert sum(t > killed_at[victim] + 1.0 for t in _records(run, victim, "t_end")) >= 5
-    assert "rank 1: leads from here (rank 0 lost)" in logs[1], logs[1]
-    assert "leads from here" not in logs[0] + logs[2]
+    # the lead passed to rank 1 once, and stayed (rank 0's new process did not take it)
+    assert [(e["rank"], e["lost"]) for e in events.read_events("lead")] == [(1, 0)]
     ps = [json.loads(line) for line in (run / "ps.jsonl").read_text().splitlines()]
     assert ps[-1]["lost"] == [1, 0] and ps[-1]["rejoined"] == [1, 0], ps
     evals = _evals(run)

@@ -42,7 +42,7 @@ def _assert_same(a, b, where="state"):
 
 def _round_trip(rank, world, mode, module, state_port):
     from hetsync.comm import ParameterServer
-    from hetsync.runtime.assembly import assemble
+    from hetsync.runtime.assembly import Wiring, assemble
 
     registry.import_plugins([module])  # a mode registered outside hetsync, too
     spec = registry.get(mode)
@@ -56,8 +56,9 @@ def _round_trip(rank, world, mode, module, state_port):
         return None
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     options = spec.make_options()
-    assembly = assemble(spec, options, model, opt, rank=0, workers=1, group=group,
-                        service=("127.0.0.1", state_port), ps_rank=1, timeout=30)
+    assembly = assemble(spec, options, model, opt,
+                        Wiring(rank=0, workers=1, group=group, service=("127.0.0.1", state_port),
+                               ps_rank=1, timeout=30))
     algo = assembly.mode
     g = torch.Generator().manual_seed(1)
     for i in range(5):

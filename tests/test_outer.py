@@ -100,7 +100,7 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
 
     from hetsync.algorithms import Step, registry
     from hetsync.algorithms.base import flatten
-    from hetsync.runtime.assembly import assemble
+    from hetsync.runtime.assembly import Wiring, assemble
 
     from tiny import SmallNet
 
@@ -111,8 +111,8 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     options = spec.make_options({"lookahead_steps": every, "lookahead_lr": lr,
                                  "lookahead_momentum": momentum})
-    assembly = assemble(spec, options, model, opt, rank=0, workers=1,
-                        group=dist.new_group([0]), timeout=30)
+    assembly = assemble(spec, options, model, opt,
+                        Wiring(rank=0, workers=1, group=dist.new_group([0]), timeout=30))
     algo = assembly.mode
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g))

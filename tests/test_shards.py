@@ -3,7 +3,6 @@ ledger counts each shard's batches whoever drew them."""
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from hetsync.comm.errors import CommTimeoutError
 from hetsync.data import ShardSampler
 from hetsync.runtime import shards
 from hetsync.telemetry.ledger import reached, run_ledger
+from hetsync.telemetry.rundir import RunDir
 
 
 def test_a_members_shard_is_its_own_and_the_others_are_spread_over_the_members():
@@ -219,12 +219,11 @@ def test_an_asynchronous_runs_lost_worker_has_its_shard_drawn_until_it_joins_aga
     os.kill(pid_of_rank(run, 2), signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    joined = re.search(r"rank 2: joined the run at round (\d+)",
-                       (run / "logs" / "rank-2.log").read_text())
-    assert joined, out
+    joined, = RunDir(run).read_events("joined")
+    assert joined["rank"] == 2, joined
     records = _records(run, 2)
-    lost = [r for r in records if r["round"] < int(joined.group(1))]
-    back = [r for r in records if r["round"] >= int(joined.group(1))]
+    lost = [r for r in records if r["round"] < joined["round"]]
+    back = [r for r in records if r["round"] >= joined["round"]]
     held = [(r["round"], h["drawn"]) for r in _records(run, 0) for h in r.get("held", ())
             if h["shard"] == 2]
     assert held and back, (held[:2], back[:2], out)

@@ -156,7 +156,7 @@ def _sparse_run(rank, world, mode, steps, options, zero_rate_from=None):
 
     from hetsync.comm import ParameterServer, meter
     from hetsync.models import build_model
-    from hetsync.runtime.assembly import assemble
+    from hetsync.runtime.assembly import Wiring, assemble
 
     server = world - 1
     group = dist.new_group(list(range(server)))
@@ -172,8 +172,8 @@ def _sparse_run(rank, world, mode, steps, options, zero_rate_from=None):
         ParameterServer(list(range(server)), rule).serve()
         return {k: [v.clone() for v in vs] for k, vs in getattr(rule, "views", {}).items()}
     opt = torch.optim.SGD(params, lr=0.05)
-    algo = assemble(spec, options, model, opt, rank=rank, workers=server, group=group,
-                    ps_rank=server, timeout=30).mode
+    algo = assemble(spec, options, model, opt, Wiring(rank=rank, workers=server, group=group,
+                                                     ps_rank=server, timeout=30)).mode
     views = [flatten(params).clone()]
     g = torch.Generator().manual_seed(rank)
     before = meter.totals()

@@ -14,6 +14,7 @@ from hetsync.command_line import (ArgumentParser, add_config_arguments, check_op
                                   parse_workers, with_text_defaults)
 from hetsync.config import Config, admitting_modes, check_host, unwritable_dir
 from hetsync.options import ConfigError, parse_epsilon_fraction, parse_target
+from hetsync.telemetry.rundir import RunDir
 
 #: `hetsync launch` with no arguments: ESync with an outer Nesterov optimizer and a cosine
 #: local rate on 4 emulated workers of relative speeds 1, 1/2, 1/4, 1/8 (1.9 cores of work,
@@ -59,7 +60,7 @@ def cmd_launch(args) -> int:
     split = preflight(cfg)
     if fitted is not None:
         print(fitted.describe(), flush=True)
-    given = ({"given": f"the resumed run's ({Path(args.resume) / 'config.json'})"}
+    given = ({"given": f"the resumed run's ({RunDir(args.resume).config})"}
              if args.resume else
              {"given": f"the fastest device of --profile {cfg.profile}"} if cfg.profile
              else {})  # (where the reference step comes from, when it is not measured)
@@ -103,7 +104,7 @@ def _on_the_fastest_devices(cfg: Config, given: dict) -> Config:
 def _resumed_config(run_dir: str) -> Config:
     """The config a run directory was started with (`--resume`); flags given override it."""
 
-    path = Path(run_dir) / "config.json"
+    path = RunDir(run_dir).config
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; expected the run "
                           f"directory of an earlier `hetsync launch` or `worker`")
@@ -330,13 +331,13 @@ def cmd_evaluate(args) -> int:
 
     priority = lower_priority()  # before torch starts a thread: they inherit it
     run_dir = Path(args.run_dir)
-    if not (run_dir / "config.json").is_file():
+    if not RunDir(run_dir).config.is_file():
         raise ConfigError(f"RUN_DIR: {run_dir} has no config.json; expected the run directory "
                           f"of a `hetsync launch` or `worker`")
     print(f"hetsync evaluate: {run_dir} at {priority}"
           f"{', until the run ends' if args.follow else ''}", file=sys.stderr, flush=True)
     count = follow(run_dir, until_end=args.follow, start_after=args.start_after)
-    print(f"hetsync evaluate: {count} snapshot(s) evaluated into {run_dir / 'eval.jsonl'}",
+    print(f"hetsync evaluate: {count} snapshot(s) evaluated into {RunDir(run_dir).eval}",
           file=sys.stderr, flush=True)
     return 0
 

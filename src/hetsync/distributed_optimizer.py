@@ -54,12 +54,13 @@ from hetsync._version import __version__
 from hetsync.algorithms import registry
 from hetsync.algorithms.base import Action, ControlPath, Step
 from hetsync.config import COLLECTIVES
-from hetsync.runtime.assembly import assemble
+from hetsync.runtime.assembly import Wiring, assemble
 from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
-from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
+from hetsync.telemetry.recorder import JsonlWriter
+from hetsync.telemetry.rundir import RunDir
 
 
 #: what a collective raises when a peer has gone (hetsync's transfers; gloo's own)
@@ -137,10 +138,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    rank, store, prefix)
         self.assembly = None
         try:
-            self.assembly = assemble(spec, opts, model, optimizer, rank=rank, workers=workers,
-                                     group=group, collective=collective, timeout=timeout,
-                                     service=service or ("127.0.0.1", 10010),
-                                     service_token=token, ps_rank=ps_rank,
+            wiring = Wiring(rank=rank, workers=workers, group=group, collective=collective,
+                            timeout=timeout, service=service or ("127.0.0.1", 10010),
+                            service_token=token, ps_rank=ps_rank)
+            self.assembly = assemble(spec, opts, model, optimizer, wiring,
                                      timer=StepTimer(slowdown, cpu_device=next(
                                          model.parameters()).device.type == "cpu"))
             self._connect(model, rank, workers, store, prefix, run_dir, group=group,
@@ -495,7 +496,7 @@ class RunRecorder:
         except OSError as err:
             raise ValueError(f"run_dir={str(run_dir)!r}: cannot be made ({err.strerror})") \
                 from None
-        held = [p.name for p in (self.dir / "run.json", self.dir / f"worker-{rank}.jsonl")
+        held = [p.name for p in (RunDir(self.dir).run, RunDir(self.dir).worker(rank))
                 if p.exists()]
         if held:  # (checked before rank 0 writes run.json: the others check first)
             raise ValueError(f"run_dir={str(run_dir)!r} holds a run already ({held[0]}): "
@@ -532,10 +533,10 @@ class RunRecorder:
             "python": sys.version.split()[0], "start_time": self.start_time,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "workers": workers, "ranks": self.ranks}
-        self.records = JsonlWriter(self.dir / f"worker-{rank}.jsonl")
+        self.records = JsonlWriter(RunDir(self.dir).worker(rank))
         self.ended: float | None = None   # training time at `finish`
         if rank == 0:
-            write_json_atomic(self.dir / "run.json", self.info)
+            RunDir(self.dir).write_run(self.info)
         self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
 
     def _count(self, module, args, kwargs) -> None:
@@ -580,7 +581,7 @@ class RunRecorder:
     def evaluation(self, test_acc: float, test_loss: float | None) -> None:
         """The leader: one line of eval.jsonl (also after `finish`: the final model's)."""
         if self.leads():
-            with JsonlWriter(self.dir / "eval.jsonl") as out:
+            with JsonlWriter(RunDir(self.dir).eval) as out:
                 out.write({"t": time.perf_counter() - self.t0, "train_time": self.train_time(),
                            "round": self.mode.round - 1, "test_acc": float(test_acc),
                            "test_loss": None if test_loss is None else float(test_loss)})
@@ -598,7 +599,7 @@ class RunRecorder:
         if self.leads():
             self.assembly.record_service(self.dir)
             wall = time.perf_counter() - self.t0
-            write_json_atomic(self.dir / "run.json", {
+            RunDir(self.dir).write_run({
                 **self.info, "end_time": self.start_time + wall, "wall_s": wall,
                 "train_time": self.train_time(),
                 # an evaluation pauses the others at the next common round

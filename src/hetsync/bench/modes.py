@@ -59,6 +59,7 @@ from hetsync.command_line import (OPTION_PREFIX, ArgumentParser, add_config_argu
                                   given_fields, given_options, with_text_defaults)
 from hetsync.config import MAX_SEED, MAX_WORKERS, Config, unwritable_dir
 from hetsync.options import ConfigError, float_list
+from hetsync.telemetry.rundir import CONFIG, RunDir
 
 DEFAULT_MODES = ("sync", "esync", "esync-outer", "async", "dcasgd")
 DEFAULT_BASELINES = ("ddp", "post-local-sgd")
@@ -346,12 +347,12 @@ def same_virtual_run(cfg: Config, sources: tuple[Path, ...]) -> Path | None:
 
     mine = _what_it_computes(json.loads(json.dumps(cfg.to_dict())))
     for source in sources:
-        for saved in sorted(source.rglob("config.json")):
+        for saved in sorted(source.rglob(CONFIG)):
             try:
                 theirs = _what_it_computes(json.loads(saved.read_text()))
             except (OSError, ValueError):
                 continue
-            if theirs == mine and (saved.parent / "summary.json").is_file() and \
+            if theirs == mine and RunDir(saved.parent).summary.is_file() and \
                     summarize(saved.parent)["complete"]:
                 return saved.parent
     return None
@@ -522,13 +523,13 @@ def report_again(args, stream) -> int:
     for row in runs:
         for x in row.get("repeats") or [row]:
             run_dir = Path(x["run_dir"]) if x.get("run_dir") else None
-            if run_dir is not None and not (run_dir / "run.json").exists():
+            if run_dir is not None and not RunDir(run_dir).run.exists():
                 raise ConfigError(f"--report {args.report}: run directory {run_dir} is gone")
             results.append(res.RunResult(row["label"], row["kind"], row["lr"], row["lr_how"],
                                          run_dir=run_dir, error=x.get("error"),
                                          seed=x.get("seed")))
     done = next((r.run_dir for r in results if r.run_dir is not None), None)
-    train_size = (len(Config.load(done / "config.json").load_data().train)
+    train_size = (len(Config.loadRunDir(done).config.load_data().train)
                   if done is not None else None)
     again = f"hetsync bench --report {args.report}" + (
         f" --targets {','.join(map(str, args.targets))}" if args.targets else "") + (

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hetsync.telemetry.metric import ACCURACY, Metric
 from hetsync.telemetry.progress import JsonlTail
+from hetsync.telemetry.rundir import RunDir
 
 
 class RunProgress:
@@ -33,8 +34,8 @@ class RunProgress:
         self.stream = stream = stream or sys.stdout
         self.enabled, self.every_s = enabled, every_s
         self.tty = hasattr(stream, "isatty") and stream.isatty()
-        self.eval_tail = JsonlTail(Path(run_dir) / "eval.jsonl")
-        self.tails = [JsonlTail(Path(run_dir) / f"worker-{r}.jsonl") for r in range(workers)]
+        self.eval_tail = JsonlTail(RunDir(run_dir).eval)
+        self.tails = [JsonlTail(RunDir(run_dir).worker(r)) for r in range(workers)]
         self.started = time.monotonic()
         self.last_eval: dict | None = None
         self.samples, self.t_end, self.last_print = 0, 0.0, 0.0

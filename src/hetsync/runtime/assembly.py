@@ -30,6 +30,7 @@ from hetsync.algorithms.base import CommContext, Mode, PhaseClock
 from hetsync.algorithms.registry import ModeSpec
 from hetsync.comm.channel import Channel
 from hetsync.runtime.heterogeneity import StepTimer
+from hetsync.telemetry.rundir import RunDir
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Assembly:
         if traffic is not None:
             from hetsync.telemetry.recorder import write_json_atomic
 
-            write_json_atomic(Path(run_dir) / "service.json",
+            write_json_atomic(RunDir(run_dir).service,
                               {"service": self.spec.service.name, **traffic})
 
 
@@ -63,26 +64,48 @@ def device_label(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else f"gpu{device.index}"
 
 
-def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
-             optimizer: torch.optim.Optimizer, *, rank: int, workers: int,
-             group: dist.ProcessGroup | None, collective: str = "native",
-             timeout: float = 120.0, service: tuple[str, int] = ("127.0.0.1", 10010),
-             service_token: str | None = None, ps_rank: int | None = None,
-             timer: StepTimer | None = None, channel_group: dist.ProcessGroup | None = None, joining: bool = False,
-             sample_weight: float = 1.0, run_workers: int = 0) -> Assembly:
-    """Connect `spec`'s mode on this worker (see the module docstring) and set it up.
+@dataclass(frozen=True)
+class Wiring:
+    """Where a worker's mode connects: its place among the workers, their groups, and the
+    servers.
 
     `group` is the workers' process group (None: the default group, which must then hold the
     workers only); `channel_group`, a second group of the same ranks for the background
-    channel (None: made here, by the workers only). Every worker calls this, in the same order
-    as its other collectives. `joining`: a lost rank's new process joining the running job
-    (`runtime/membership.py`) makes neither its channel nor the mode's setup, which its
-    admission brings. `sample_weight`: this worker's share of a step's samples × P
-    (`Config.sample_weight_of`). `run_workers`: the run's workers, where some of them
-    (`--spare-workers`) are not among `group`'s yet. `timer`: the device's step timer
-    (`runtime/heterogeneity.py`; None: the device itself, on the wall clock), whose clock
-    times the whole worker (`hetsync.clock`).
+    channel (None: made by `assemble`, by the workers only); `run_workers`: the run's
+    workers, where some of them (`--spare-workers`) are not among `group`'s yet (0: all are);
+    `service` and `service_token`: where the mode's service listens; `ps_rank`: the
+    parameter server's global rank (the modes and collectives that need one).
     """
+
+    rank: int
+    workers: int
+    group: dist.ProcessGroup | None = None
+    channel_group: dist.ProcessGroup | None = None
+    collective: str = "native"
+    timeout: float = 120.0
+    service: tuple[str, int] = ("127.0.0.1", 10010)
+    service_token: str | None = None
+    ps_rank: int | None = None
+    run_workers: int = 0
+
+
+def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer, wiring: Wiring, *,
+             timer: StepTimer | None = None, sample_weight: float = 1.0,
+             joining: bool = False) -> Assembly:
+    """Connect `spec`'s mode on this worker (see the module docstring) as `wiring` says, and
+    set it up.
+
+    Every worker calls this, in the same order as its other collectives. `joining`: a lost
+    rank's new process joining the running job (`runtime/membership.py`) makes neither its
+    channel nor the mode's setup, which its admission brings. `sample_weight`: this worker's
+    share of a step's samples × P (`RankPlan.sample_weight`). `timer`: the device's step
+    timer (`RankPlan.timer`; None: the device itself, on the wall clock), whose clock times
+    the whole worker (`hetsync.clock`).
+    """
+    rank, workers, group, collective = (wiring.rank, wiring.workers, wiring.group,
+                                        wiring.collective)
+    timeout = wiring.timeout
     device = next(model.parameters()).device
     if timer is None:
         timer = StepTimer(cpu_device=device.type == "cpu")
@@ -91,24 +114,26 @@ def assemble(spec: ModeSpec, options: Any, model: torch.nn.Module,
                        timeout=timeout, comm_device=torch.device("cpu") if gloo_on_cuda else None,
                        timer=timer, clock=PhaseClock(timer.clock),
                        device_name=device_label(device), device=device,
-                       sample_weight=sample_weight, run_workers=run_workers)
+                       sample_weight=sample_weight, run_workers=wiring.run_workers)
     if spec.needs_parameter_server(collective):
         from hetsync.comm import PSClient, connect
 
-        if ps_rank is None:
+        if wiring.ps_rank is None:
             raise ValueError(f"mode {spec.name!r} with --collective {collective} needs a "
                              f"parameter server: give its rank")
         # `connect` also makes it the client that all_reduce(..., "ps") uses.
-        comm.ps_client = connect(ps_rank) if collective == "ps" else PSClient(ps_rank)
+        comm.ps_client = (connect(wiring.ps_rank) if collective == "ps"
+                          else PSClient(wiring.ps_rank))
         if timer.clock is not None:  # (its requests carry the worker's virtual time)
             comm.ps_client.clock = timer.clock
     if spec.service is not None:  # (`service`: where it listens)
-        comm.service = spec.service.connect(*service, timeout, service_token)
+        comm.service = spec.service.connect(*wiring.service, timeout, wiring.service_token)
         comm.service.wait_until_up(deadline_s=min(timeout, 60.0))
     if workers > 1 and not joining:
         ranks = [dist.get_global_rank(group, r) if group is not None else r
                  for r in range(workers)]
-        comm.channel = (Channel(channel_group, timeout=timeout) if channel_group is not None
+        comm.channel = (Channel(wiring.channel_group, timeout=timeout)
+                        if wiring.channel_group is not None
                         else Channel.for_ranks(ranks, timeout=timeout))
     mode = spec.worker(model, optimizer, comm, options)
     if not joining:
@@ -175,7 +200,7 @@ def serve_and_record(server, run_dir: Path | None):
         print(f"parameter server: lost rank(s) {stats.lost}{again}", file=sys.stderr,
               flush=True)
     if run_dir is not None:
-        with JsonlWriter(Path(run_dir) / "ps.jsonl") as out:
+        with JsonlWriter(RunDir(run_dir).ps) as out:
             out.write({"t": time.perf_counter() - start, "bytes_sent": sent,
                        "bytes_recv": recv, "refused": stats.refused, "lost": stats.lost,
                        "rejoined": stats.rejoined, "busy_s": stats.busy_s,

@@ -64,12 +64,13 @@ from typing import Any
 import torch
 
 from hetsync.telemetry import ledger
+from hetsync.telemetry.rundir import CHECKPOINTS
 
 # 3: the loop keeps its last loss (--target-loss); 2: a local-step mode's outer optimizer is
 # a torch.optim.SGD, its round length apart
 VERSION = 3
 KEEP = 2
-DIR = "checkpoints"
+DIR = CHECKPOINTS
 
 
 class CheckpointError(RuntimeError):

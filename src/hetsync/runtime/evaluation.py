@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 
 from hetsync.runtime.checkpoint import VERSION, load, save_atomic
+from hetsync.telemetry.rundir import RunDir
 
 SNAPSHOTS = "snapshots"
 
@@ -208,7 +209,7 @@ def _ended(run_dir: Path) -> bool:
     import json
 
     try:
-        run = json.loads((run_dir / "run.json").read_text())
+        run = json.loads(RunDir(run_dir).run.read_text())
     except (OSError, ValueError):
         return False
     return isinstance(run.get("end_time"), (int, float))
@@ -224,7 +225,7 @@ def _started(run_dir: Path, after: float, wait_s: float, poll_s: float = 0.2) ->
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            if (run_dir / "run.json").stat().st_mtime >= after:
+            if RunDir(run_dir).run.stat().st_mtime >= after:
                 return True
         except FileNotFoundError:
             pass
@@ -235,7 +236,7 @@ def _started(run_dir: Path, after: float, wait_s: float, poll_s: float = 0.2) ->
 def _silent_for(run_dir: Path, since: float) -> float:
     """Seconds since a worker last recorded a round (or since `since`, if later): a run
     whose workers all died without ending stays silent."""
-    times = [since] + [p.stat().st_mtime for p in run_dir.glob("worker-*.jsonl")]
+    times = [since] + [p.stat().st_mtime for p in RunDir(run_dir).worker_files()]
     return time.time() - max(times)
 
 
@@ -257,7 +258,7 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     from hetsync.telemetry.recorder import JsonlWriter
 
     run_dir = Path(run_dir)
-    cfg = Config.load(run_dir / "config.json")
+    cfg = Config.load(RunDir(run_dir).config)
     torch.set_num_threads(1)
     data = cfg.load_data()
     model = cfg.build_model(data)
@@ -271,7 +272,7 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
     started = time.time()
     total = 0
     rest_until = 0.0  # (monotonic) the duty's rest after an evaluation: the end cuts it short
-    with JsonlWriter(run_dir / "eval.jsonl") as out:
+    with JsonlWriter(RunDir(run_dir).eval) as out:
         while until_end and not _ended(run_dir):
             if _silent_for(run_dir, started) > cfg.timeout:
                 print(f"hetsync evaluate: no worker of {run_dir} has recorded a round for "

@@ -17,11 +17,11 @@ rank RANK, once its mode's round counter has reached ROUND (between two steps), 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 
 from hetsync.options import ConfigError
+from hetsync.telemetry.rundir import tell
 
 ENV = "HETSYNC_FAULT"
 KINDS = ("exit", "hang")
@@ -63,10 +63,12 @@ def due(faults: list[Fault], round_: int) -> Fault | None:
     return next((f for f in faults if f.round <= round_), None)
 
 
-def inject(fault: Fault) -> None:
-    """Do `fault` (`exit` does not return; nor does `hang`, until a signal ends it)."""
-    print(f"rank {fault.rank}: injected fault: {fault.kind} after round {fault.round} "
-          f"({ENV})", file=sys.stderr, flush=True)
+def inject(fault: Fault, run_dir=None) -> None:
+    """Do `fault` (`exit` does not return; nor does `hang`, until a signal ends it), said
+    on the console and in `run_dir`'s events."""
+    tell(run_dir, "fault", f"rank {fault.rank}: injected fault: {fault.kind} after round "
+                           f"{fault.round} ({ENV})",
+         rank=fault.rank, kind=fault.kind, round=fault.round)
     if fault.kind == "exit":
         os._exit(EXIT_CODE)
     while True:  # hang: a thread of torch's may still answer, the loop never goes on

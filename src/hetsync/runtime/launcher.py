@@ -36,7 +36,8 @@ from hetsync.runtime import forked
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
-from hetsync.telemetry.recorder import recount_samples_seen, write_json_atomic
+from hetsync.telemetry.recorder import write_json_atomic
+from hetsync.telemetry.rundir import RunDir
 
 
 class LaunchError(RuntimeError):
@@ -150,7 +151,7 @@ class Cluster:
         self.started = time.time()
         #: when this attempt's first record appeared (training had begun): the watchdog's start
         self.first_record: float | None = None
-        self.logs = run_dir / "logs"
+        self.logs = RunDir(run_dir).logs
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen | forked.Child] = {}  # (forked, or exec'd)
         #: the service the mode declares, its port once started, and its restarts so far
@@ -193,7 +194,7 @@ class Cluster:
                                             start_new_session=True,
                                             preexec_fn=_child_setup(self.cores.get(name)))
             self.procs[name] = proc
-        write_json_atomic(self.logs / "pids.json",
+        write_json_atomic(RunDir(self.run_dir).pids,
                           {n: p.pid for n, p in self.procs.items() if p.poll() is None})
         return proc
 
@@ -271,7 +272,7 @@ class Cluster:
         if not self.spares:
             return []
         try:
-            run = json.loads((self.run_dir / "run.json").read_text())
+            run = json.loads(RunDir(self.run_dir).run.read_text())
         except (OSError, ValueError):
             return []  # (not written yet, or being replaced)
         start = run.get("start_time")
@@ -338,14 +339,14 @@ class Cluster:
         if grace is None:
             return None
         if self.first_record is None:
-            for records in self.run_dir.glob("worker-*.jsonl"):
+            for records in RunDir(self.run_dir).worker_files():
                 if records.stat().st_mtime >= self.started and records.stat().st_size:
                     self.first_record = time.time()
                     break
             return None
         end = self.first_record + self.cfg.time_budget
         try:
-            end = max(end, (self.run_dir / "eval.jsonl").stat().st_mtime)
+            end = max(end, RunDir(self.run_dir).eval.stat().st_mtime)
         except OSError:
             pass
         if time.time() - end <= grace:
@@ -393,7 +394,7 @@ class Cluster:
         asynchronous = self.cfg.needs_ps and self.cfg.spec.asynchronous
         if not (self.cfg.regroups or asynchronous):
             return False
-        records = self.run_dir / f"worker-{rank}.jsonl"
+        records = RunDir(self.run_dir).worker(rank)
         if name not in self.joining and not (
                 records.exists() and records.stat().st_size > 0
                 and records.stat().st_mtime >= self.started):  # (a resumed run's are older)
@@ -516,7 +517,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
         if network is not None:
             network.close()
         raise
-    cfg.save(run_dir / "config.json")
+    cfg.save(RunDir(run_dir).config)
     progress = ClusterProgress(run_dir, cfg, stream=stream, enabled=show_progress)
     interrupted = False
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -542,6 +543,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 overdue = str(late)
                 print(f"\nhetsync launch: {overdue}; stopping them (each rank's stacks are "
                       f"at the end of its log)", file=stream, flush=True)
+                RunDir(run_dir).event("overdue", running=overdue)
                 cluster.dump_stacks()
                 cluster.stop()
                 break
@@ -556,6 +558,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                     print(f"\n{stop}; resuming the run from its last checkpoint ({restarts} of "
                           f"--max-restarts {max_restarts}); its log: {log}", file=stream,
                           flush=True)
+                    RunDir(run_dir).event("restarted", what="run", attempt=restarts,
+                                          process=stop.name, code=stop.code)
                     continue
                 progress.close()
                 again = (f"\nTo continue from its last checkpoint: hetsync launch --resume "
@@ -580,6 +584,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     if interrupted:
         raise KeyboardInterrupt
     if cfg.clock == "virtual" and cfg.spec.worker.control is ControlPath.STORE:
+        from hetsync.telemetry.summarize import recount_samples_seen
+
         recount_samples_seen(run_dir)  # (the store's count is the real machine's order)
     finish_run(run_dir, figures=figures, stream=stream)
     if overdue is not None:  # (its records are summarised above; the run did not end well)
@@ -596,7 +602,8 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
     svc = cfg.spec.service
     if svc is not None:
         cluster.start_service()
-    cluster.start_ranks(cluster.run_dir / "config.json")
+    events = RunDir(cluster.run_dir)
+    cluster.start_ranks(events.config)
     cluster.start_evaluator()
     while True:
         failure = cluster.failed()
@@ -605,18 +612,22 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
             print(f"\nthe {svc.title} exited with code {failure[1]}; started it again "
                   f"on port {cluster.service_port} ({cluster.service_restarts} of "
                   f"{svc.restarts})", file=stream, flush=True)
+            events.event("restarted", what=svc.name, attempt=cluster.service_restarts,
+                         code=failure[1])
             continue
         if failure is not None and failure[0] == cluster.EVALUATOR:
             print(f"\nthe evaluator exited with code {failure[1]} (its log: "
                   f"{cluster.logs / 'evaluator.log'}); training goes on, and what it left "
                   f"is evaluated at the end", file=stream, flush=True)
             cluster.lost.add(cluster.EVALUATOR)
+            events.event("exited", process=cluster.EVALUATOR, code=failure[1])
             continue
         if failure is not None and cluster.lose(failure[0]):
             again = ("; started it again to join the run" if cluster.rejoin(failure[0])
                      else "")
             print(f"\n{failure[0]} exited with code {failure[1]}; {cfg.effective_mode} goes "
                   f"on without it{again}", file=stream, flush=True)
+            events.event("exited", process=failure[0], code=failure[1], rejoins=bool(again))
             continue
         if failure is not None:
             raise _Stopped(*failure)
@@ -629,6 +640,7 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
         if spares:
             print(f"\nstarted spare rank(s) {', '.join(map(str, spares))} to join the run",
                   file=stream, flush=True)
+            events.event("restarted", what="spares", ranks=list(spares))
         progress.update()
         time.sleep(0.1)  # (a regroup waits until a dead worker is marked lost: `lose`)
 
@@ -636,15 +648,20 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
 def finish_run(run_dir: Path, *, figures: bool = True, stream=sys.stdout) -> dict:
     """Summarise a finished run, draw its figures and print the table."""
     from hetsync.telemetry.report import print_summary
-    from hetsync.telemetry.summarize import write_summary
+    from hetsync.telemetry.summarize import HELD, write_summary
 
     path = write_summary(run_dir)
     summary = json.loads(Path(path).read_text())
+    for worker in summary.get("per_worker", []):  # (once: a summary written again adds none)
+        slow = worker.get("speed_of_nominal")
+        if slow is not None and slow < HELD and not any(
+                e.get("rank") == worker["rank"] for e in RunDir(run_dir).read_events("slow_device")):
+            RunDir(run_dir).event("slow_device", rank=worker["rank"], speed_of_nominal=slow)
     if figures:
         from hetsync.telemetry.plots import plot_run
 
-        plot_run(run_dir, run_dir / "figures")
+        plot_run(run_dir, RunDir(run_dir).figures)
     print_summary(summary, stream=stream)
     if figures:
-        print(f"figures: {run_dir / 'figures'}", file=stream)
+        print(f"figures: {RunDir(run_dir).figures}", file=stream)
     return summary

@@ -42,10 +42,9 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,9 +56,11 @@ from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
 from hetsync.runtime.membership import shared
+from hetsync.runtime.plan import RankPlan
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
 from hetsync.telemetry.recorder import JsonlWriter
+from hetsync.telemetry.rundir import RunDir, tell
 
 
 @dataclass
@@ -77,19 +78,47 @@ class LoopState:
         return now - self.t0 - self.eval_total
 
 
-class TrainingLoop:
-    """Drives `mode` over `batches` until the workers agree to stop.
+@dataclass(frozen=True)
+class LoopData:
+    """What a worker trains and evaluates on: its own `batches` (`sampler_of(rank)`:
+    another worker's sampler, for a lost worker's or a spare's shard it holds) and the
+    train and test sets."""
 
-    `store`: the process group's key-value store, for modes whose agreement goes through it
-    (required when the mode's control path is STORE and there is more than one worker);
-    `run_dir`: where the leader (`leads`) writes `eval.jsonl` and deferred evaluation's
-    snapshots (None: nowhere, for a loop that evaluates nothing to disk).
+    batches: Any
+    train_set: Any
+    test_set: Any
+    sampler_of: Any = None
+
+
+@dataclass(frozen=True)
+class LoopOutputs:
+    """Where a worker's loop writes: its round records (`recorder`), the run directory
+    (`run_dir`: where the leader writes `eval.jsonl` and deferred evaluation's snapshots;
+    None: nowhere, for a loop that evaluates nothing to disk), its progress and its
+    checkpoints (None: none)."""
+
+    recorder: Any
+    run_dir: Any = None
+    progress: Any = None
+    checkpointer: Any = None
+
+
+class TrainingLoop:
+    """Drives `mode` over `data`'s batches until the workers agree to stop.
+
+    `plan`: this worker's (`runtime/plan.py`); `store`: the process group's key-value store,
+    for modes whose agreement goes through it (required when the mode's control path is
+    STORE and there is more than one worker); `membership`: the workers, where the run goes
+    on without a lost one (`runtime/membership.py`); `joining`: this process is a lost
+    rank's, joining the running job.
     """
 
-    def __init__(self, cfg: Config, mode: Mode, *, rank: int, batches, train_set, test_set,
-                 device: torch.device, recorder, run_dir=None, store=None,
-                 progress=None, checkpointer=None, membership=None, joining: bool = False,
-                 sampler_of=None):
+    def __init__(self, cfg: Config, mode: Mode, plan: RankPlan, data: LoopData,
+                 outputs: LoopOutputs, *, store=None, membership=None, joining: bool = False):
+        rank, batches, sampler_of = plan.rank, data.batches, data.sampler_of
+        train_set, test_set = data.train_set, data.test_set
+        recorder, run_dir, progress, checkpointer = (outputs.recorder, outputs.run_dir,
+                                                     outputs.progress, outputs.checkpointer)
         self.cfg, self.mode, self.rank = cfg, mode, rank
         # tests' HETSYNC_FAULT: in the rank's first process (not one that joins or resumes)
         self._faults = [] if joining else faults.planned(rank)
@@ -102,8 +131,8 @@ class TrainingLoop:
         #: the shards this worker draws: its own, and a lost worker's or a spare's it holds
         #: (`runtime/shards.py`; `sampler_of(rank)`: another worker's sampler)
         self.held = shards.HeldShards(rank, batches, sampler_of)
-        self._own_batch = cfg.batch_of(rank)
-        self.device = device
+        self._own_batch = plan.batch
+        self.device = mode.comm.device
         self.recorder, self.run_dir = recorder, run_dir
         #: the leader's `eval.jsonl` and `SnapshotWriter` (`_take_lead`)
         self.eval_recorder = self.snapshots = None
@@ -182,8 +211,8 @@ class TrainingLoop:
                                                   str(self.rank)))
         if self.leads:
             self._take_lead()
-            print(f"hetsync worker: rank {self.rank}: leads from here (rank {leader} lost)",
-                  file=sys.stderr, flush=True)
+            tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads from here "
+                                       f"(rank {leader} lost)", rank=self.rank, lost=leader)
 
     @property
     def run_ranks(self) -> range:
@@ -218,7 +247,7 @@ class TrainingLoop:
         evaluations, so a new leader's come after its predecessor's)."""
         if not self.leads or self.run_dir is None or self.eval_recorder is not None:
             return
-        self.eval_recorder = JsonlWriter(Path(self.run_dir) / "eval.jsonl")
+        self.eval_recorder = JsonlWriter(RunDir(self.run_dir).eval)
         if self.deferred:
             self.snapshots = SnapshotWriter(
                 self.run_dir, after=self._evaluations,
@@ -259,9 +288,10 @@ class TrainingLoop:
                    else [])
         admit = bool(waiting) and self.membership.offer(waiting)
         if admit:
-            print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, waiting))} "
-                  f"asked to join: offered a place at round {self.mode.round}",
-                  file=sys.stderr, flush=True)
+            tell(self.run_dir, "offered",
+                 f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, waiting))} "
+                 f"asked to join: offered a place at round {self.mode.round}",
+                 ranks=list(waiting), round=self.mode.round)
         return Proposal(samples, evaluate_now or stop, stop, admit=admit)
 
     # ------------------------------------------------------------------ evaluation
@@ -620,7 +650,7 @@ class TrainingLoop:
                 break
             fault = faults.due(self._faults, mode.round)
             if fault is not None:
-                faults.inject(fault)
+                faults.inject(fault, self.run_dir)
         if self.leads and self.membership is not None:
             self.membership.close()  # nobody is let in after the stop
         try:
@@ -668,9 +698,12 @@ class TrainingLoop:
         self._take_shards(lambda shard: shards.published(shared(self.store), shard),
                           keep=False)
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
-        print(f"hetsync worker: rank {self.rank}: going on without rank(s) "
-              f"{', '.join(map(str, self.membership.lost))} from round {self.mode.round} "
-              f"(workers {', '.join(map(str, members))})", file=sys.stderr, flush=True)
+        lost = list(self.membership.lost)
+        tell(self.run_dir if self.leads else None, "lost",
+             f"hetsync worker: rank {self.rank}: going on without rank(s) "
+             f"{', '.join(map(str, lost))} from round {self.mode.round} "
+             f"(workers {', '.join(map(str, members))})",
+             ranks=lost, round=self.mode.round, workers=list(members))
 
     def _admit(self, st: LoopState) -> None:
         """The round's agreement lets the ranks the leader offered a place join
@@ -682,9 +715,12 @@ class TrainingLoop:
         joining = self.membership.admit()
         self._hand_over_shards(joined=False)
         self._share_with_joiners(st, joined=False)
-        print(f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
-              f"joined at round {self.mode.round} (workers "
-              f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
+        tell(self.run_dir if self.leads else None, "admitted",
+             f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
+             f"joined at round {self.mode.round} (workers "
+             f"{', '.join(map(str, self.membership.members))})",
+             ranks=list(joining), round=self.mode.round,
+             workers=list(self.membership.members))
 
     def _enter(self, st: LoopState) -> bool:
         """This process joins the running job (`joining`): ask, wait to be admitted, then
@@ -697,9 +733,11 @@ class TrainingLoop:
             return False
         self._hand_over_shards(joined=True)
         self._share_with_joiners(st, joined=True)
-        print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
-              f"{self._now() - asked:.2f} s after asking (workers "
-              f"{', '.join(map(str, self.membership.members))})", file=sys.stderr, flush=True)
+        tell(self.run_dir, "joined",
+             f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
+             f"{self._now() - asked:.2f} s after asking (workers "
+             f"{', '.join(map(str, self.membership.members))})",
+             rank=self.rank, round=self.mode.round, waited_s=self._now() - asked)
         return True
 
     def _enter_server(self, st: LoopState, asked: float) -> bool:
@@ -727,14 +765,17 @@ class TrainingLoop:
         self._leader = leader
         if self.leads:
             self._take_lead()
-            print(f"hetsync worker: rank {self.rank}: leads on (no other worker took the lead "
-                  f"while it was lost)", file=sys.stderr, flush=True)
+            tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads on (no other "
+                                       f"worker took the lead while it was lost)",
+                 rank=self.rank, lost=self.rank)
         self.mode.setup()
         st.samples_seen = self.control.seen()
         self._next_checkpoint = self._checkpoint_after(st.train_time(self._now()))
-        print(f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
-              f"{self._now() - asked:.2f} s after asking (on a link of its own to the "
-              f"parameter server, rank {client.server_rank})", file=sys.stderr, flush=True)
+        tell(self.run_dir, "joined",
+             f"hetsync worker: rank {self.rank}: joined the run at round {self.mode.round}, "
+             f"{self._now() - asked:.2f} s after asking (on a link of its own to the "
+             f"parameter server, rank {client.server_rank})",
+             rank=self.rank, round=self.mode.round, waited_s=self._now() - asked)
         return True
 
     def go_on_from(self, records: list[dict]) -> None:

@@ -17,7 +17,9 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,14 +28,15 @@ from hetsync._version import __version__
 from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
-from hetsync.runtime.assembly import assemble, device_label, parameter_server, serve_and_record
-from hetsync.runtime.heterogeneity import StepTimer, straggler_of
+from hetsync.runtime.assembly import (Wiring, assemble, device_label, parameter_server,
+                                      serve_and_record)
 from hetsync.runtime.devices import pick_device
-from hetsync.runtime.emulation import nominal_speed_of
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.membership import shared
-from hetsync.runtime.training import TrainingLoop
-from hetsync.telemetry.recorder import JsonlWriter, write_json_atomic
+from hetsync.runtime.plan import RankPlan
+from hetsync.runtime.training import LoopData, LoopOutputs, TrainingLoop
+from hetsync.telemetry.recorder import JsonlWriter
+from hetsync.telemetry.rundir import RunDir, tell
 from hetsync.telemetry.runlog import read_jsonl
 
 #: how long the start's rendezvous waits for every rank of the group at least (`--timeout`
@@ -128,7 +131,7 @@ def measured_speeds(cfg: Config, rank: int, world: int, device: torch.device,
 
     if resumed is not None:
         try:
-            saved = json.loads((Path(resumed) / "run.json").read_text())["config"]
+            saved = json.loads(RunDir(resumed).run.read_text())["config"]
         except (OSError, ValueError, KeyError):
             saved = {}
         if saved.get("device_speeds"):
@@ -182,9 +185,9 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     set_default_timeout(cfg.timeout)
     if join:  # it takes part in none of the start's collectives: the others are past them
         run = _joined_run(run_dir)
-        return _train(cfg, rank, world, device, Path(run_dir), progress, run["run_name"],
-                      ranks=run.get("ranks", []), group=None, channel_group=None,
-                      start_time=run.get("start_time"), join=True)
+        return _train(cfg, rank, world, device, Path(run_dir), progress,
+                      Start(run["run_name"], run.get("ranks", []),
+                            start_time=run.get("start_time"), join=True))
     membership = start = group = channel_group = None
     if spares:
         membership, start, group, channel_group = _start_without(cfg, rank, world, spares)
@@ -193,7 +196,7 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
     is_server = cfg.needs_ps and rank == world - 1
     me = {**_rank_entry(cfg, rank, is_server), **_where(device, is_server)}
     ranks = [json.loads(t) for t in gather_texts(json.dumps(me), group=start)]
-    ranks += [{**_rank_entry(cfg, r, False), "spare": True} for r in spares]
+    ranks += [{**_rank_entry(cfg, r, False), "spare": True} for r in spares or ()]
     # Every rank makes the workers' groups, the server too (new_group is collective): one for
     # the main thread, one for the background channel.
     if world > 1 and not spares:
@@ -202,9 +205,10 @@ def _run(cfg: Config, rank: int, world: int, device: torch.device, run_dir, prog
 
     own, index, leader = (_find_checkpoint(cfg, rank, run_dir, is_server, resume) if resume
                           else (None, None, 0))
-    return _train(cfg, rank, world, device, run_dir, progress, name, ranks=ranks, group=group,
-                  channel_group=channel_group, own=own, index=index, leader=leader,
-                  is_server=is_server, membership=membership, spares=spares)
+    return _train(cfg, rank, world, device, run_dir, progress,
+                  Start(name, ranks, group=group, channel_group=channel_group, own=own,
+                        index=index, leader=leader, is_server=is_server,
+                        membership=membership, spares=list(spares or ())))
 
 
 def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tuple:
@@ -236,11 +240,10 @@ def _start_without(cfg: Config, rank: int, world: int, spares: list[int]) -> tup
 
 def _rank_entry(cfg: Config, rank: int, is_server: bool) -> dict:
     """What run.json says of `rank` that its config decides (its emulated device)."""
-    return {"rank": rank, "slowdown": 1.0 if is_server else cfg.slowdown_of(rank),
-            "batch": None if is_server else cfg.batch_of(rank),
-            "sample_weight": None if is_server else cfg.sample_weight_of(rank),
-            "nominal_speed": None if is_server else nominal_speed_of(cfg, rank),
-            "role": "parameter-server" if is_server else "worker"}
+    if is_server:
+        return {"rank": rank, "slowdown": 1.0, "batch": None, "sample_weight": None,
+                "nominal_speed": None, "role": "parameter-server"}
+    return RankPlan.of(cfg, rank).entry()
 
 
 def _where(device: torch.device, is_server: bool = False) -> dict:
@@ -270,7 +273,7 @@ def _with_joiners(ranks: list[dict], store, absent: list[int]) -> list[dict]:
 def _joined_run(run_dir) -> dict:
     """The run.json of the running job that `--join` enters."""
     try:
-        run = json.loads((Path(run_dir) / "run.json").read_text())
+        run = json.loads(RunDir(run_dir).run.read_text())
         run["run_name"]
         return run
     except (OSError, ValueError, KeyError, TypeError):
@@ -279,15 +282,39 @@ def _joined_run(run_dir) -> dict:
                           f"training") from None
 
 
+@dataclass
+class Start:
+    """How this process enters the run, as `_run` found it."""
+
+    #: the run's name, and what run.json says of each rank so far
+    name: str
+    ranks: list[dict]
+    #: the workers' groups: the main thread's and the background channel's (None: a joiner
+    #: has none yet, or the default group)
+    group: Any = None
+    channel_group: Any = None
+    #: this worker's checkpoint, the index whose global model every process starts from and
+    #: the rank whose file holds it (`_find_checkpoint`)
+    own: dict | None = None
+    index: int | None = None
+    leader: int = 0
+    is_server: bool = False
+    #: the run's start (a joiner's), else now or the checkpoint's
+    start_time: float | None = None
+    #: a lost rank's or a spare's new process, joining the running job
+    join: bool = False
+    #: the first workers' membership where spares join later, and the spares
+    membership: Any = None
+    spares: list[int] = field(default_factory=list)
+
+
 def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Path, progress,
-           name: str, *, ranks: list[dict], group, channel_group, own: dict | None = None,
-           index: int | None = None, leader: int = 0, is_server: bool = False,
-           start_time: float | None = None, join: bool = False,
-           membership=None, spares: list[int] | None = None) -> Path:
-    """The process's run once it has its groups (`join`: none yet) and checkpoint;
-    `start_time`: the run's (a joiner's), else now or the checkpoint's; `membership`: the
-    first workers' where spares join later."""
+           start: Start) -> Path:
+    """The process's run once it has its groups (`start.join`: none yet) and checkpoint."""
     from hetsync.data import ShardSampler
+
+    name, ranks, group, own, join = start.name, start.ranks, start.group, start.own, start.join
+    start_time, membership, spares = start.start_time, start.membership, start.spares
 
     spec, options = cfg.spec, cfg.mode_options()
     data = cfg.load_data()
@@ -297,10 +324,10 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)  # the same initial model in every process
     model = cfg.build_model(data).to(device)
-    if index is not None:  # every process starts from the checkpoint's global model
-        _load_global(model, run_dir, index, leader, rank, world)
+    if start.index is not None:  # every process starts from the checkpoint's global model
+        _load_global(model, run_dir, start.index, start.leader, rank, world)
 
-    if is_server:
+    if start.is_server:
         _serve_parameters(cfg, model, run_dir, spares)
         return run_dir
 
@@ -316,21 +343,15 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                        seed=cfg.seed * 1000 + r)
         return batches
 
-    batches = sampler_of(rank)
+    plan = RankPlan.of(cfg, rank)
     optimizer = cfg.local_optimizer(model.parameters(), spec.worker.optimizer_lr(cfg.lr, options))
-    assembly = assemble(spec, options, model, optimizer, rank=rank,
-                        workers=cfg.workers - len(spares or ()),
-                        group=group, channel_group=channel_group, collective=cfg.collective,
-                        timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
-                        ps_rank=world - 1 if cfg.needs_ps else None,
-                        timer=StepTimer(cfg.slowdown_of(rank), cpu_device=device.type == "cpu",
-                                        straggler=straggler_of(cfg, rank),
-                                        work=cfg.step_work_of(rank), clock=cfg.make_clock(),
-                                        jitter=cfg.step_jitter, seed=cfg.seed * 7919 + rank,
-                                        jitter_distribution=cfg.jitter_distribution,
-                                        fixed=cfg.step_overhead_of(rank)),
-                        sample_weight=cfg.sample_weight_of(rank), joining=join,
-                        run_workers=cfg.workers)
+    wiring = Wiring(rank=rank, workers=cfg.workers - len(spares), group=group,
+                    channel_group=start.channel_group, collective=cfg.collective,
+                    timeout=cfg.timeout, service=(cfg.service_ip, cfg.service_port),
+                    ps_rank=world - 1 if cfg.needs_ps else None, run_workers=cfg.workers)
+    assembly = assemble(spec, options, model, optimizer, wiring,
+                        timer=plan.timer(cfg.make_clock(), cpu_device=device.type == "cpu"),
+                        sample_weight=plan.sample_weight, joining=join)
     mode = assembly.mode
     if own is not None:
         if own["optimizer"] is not None:  # (None: restarted in place of a lost rank)
@@ -353,7 +374,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
         checkpoint.newest(run_dir, rank) if join else 0)) if cfg.checkpoint_every > 0 else None)
     if own is not None and rank == 0:
         evaluation.drop_after(run_dir, own["loop"]["train_time"])
-    records = run_dir / f"worker-{rank}.jsonl"
+    records = RunDir(run_dir).worker(rank)
     if join:
         checkpoint.cut_jsonl(records, lambda r: True)  # (a line cut short by its death)
         try:  # (for the leader's run.json; it asks the store to join just after)
@@ -363,11 +384,10 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     poster = loop = None
     try:
         with JsonlWriter(records) as recorder:
-            loop = TrainingLoop(cfg, mode, rank=rank, batches=batches, train_set=data.train,
-                                test_set=data.test, device=device, recorder=recorder,
-                                run_dir=run_dir, store=store, progress=progress,
-                                checkpointer=checkpointer, membership=membership,
-                                joining=join, sampler_of=sampler_of)
+            loop = TrainingLoop(cfg, mode, plan,
+                                LoopData(sampler_of(rank), data.train, data.test, sampler_of),
+                                LoopOutputs(recorder, run_dir, progress, checkpointer),
+                                store=store, membership=membership, joining=join)
             if own is not None:
                 loop.restore(own)
             elif join:  # on where its records end (their work is in the global model)
@@ -384,13 +404,12 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)
             info = dict(cfg=cfg, name=name, world=world, ranks=ranks, start_time=start_time)
             if own is not None:
-                info["resumed_from"] = {"checkpoint": index, "round": own["round"],
+                info["resumed_from"] = {"checkpoint": start.index, "round": own["round"],
                                         "train_time": own["loop"]["train_time"],
                                         "restarted": own.get("lost", [])}
             if rank == 0 and not join:
-                write_json_atomic(run_dir / "run.json", _run_info(**info,
-                                                                  mode_info=mode.record()))
-            poster = _live_poster(cfg, run_dir, rank, name)
+                RunDir(run_dir).write_run(_run_info(**info, mode_info=mode.record()))
+            poster = _live_poster(cfg, run_dir, plan, name)
             if cfg.finish_grace is not None:  # a wedged run ends, saying where (torchrun too)
                 faulthandler.register(signal.SIGUSR1, all_threads=True)  # (launch's asks)
                 faulthandler.dump_traceback_later(
@@ -410,7 +429,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
                 info["ranks"] = _with_joiners(ranks, store, loop.absent_workers())
-                write_json_atomic(run_dir / "run.json", _run_info(
+                RunDir(run_dir).write_run(_run_info(
                     **info, mode_info=mode.record(), wall_s=wall,
                     end_time=time.time(),
                     clock=_clock_info(cfg, mode, time.perf_counter() - real_t0),
@@ -440,7 +459,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
     return run_dir
 
 
-def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
+def _live_poster(cfg: Config, run_dir: Path, plan: RankPlan, name: str):
     """`--live-report`: this worker's figures to the live board at -ip/-port."""
     if not cfg.live_report:
         return None
@@ -449,8 +468,8 @@ def _live_poster(cfg: Config, run_dir: Path, rank: int, name: str):
 
     client = JsonClient(cfg.service_ip, cfg.service_port, timeout=5.0, retry_s=1.0,
                         what="live board")
-    return LivePoster(run_dir, rank, client, run=name,
-                      nominal_speed=nominal_speed_of(cfg, rank)).start()
+    return LivePoster(run_dir, plan.rank, client, run=name,
+                      nominal_speed=plan.nominal_speed).start()
 
 
 #: `resume` value of a group restarted by torchrun: resume if any worker has a checkpoint,
@@ -490,7 +509,7 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if is_server:
         own = None
     elif rank in restarted:
-        path = run_dir / f"worker-{rank}.jsonl"
+        path = RunDir(run_dir).worker(rank)
         own = checkpoint.for_restarted_rank(
             run_dir, index, rank, leader, lists[rank][0] if lists[rank] else None,
             records=read_jsonl(path) if path.is_file() else [], own_rounds=not collective,
@@ -498,7 +517,7 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     else:
         own = checkpoint.load(checkpoint.file_of(run_dir, chosen[rank], rank))
         if not collective:  # (a member drew its shard on after that checkpoint)
-            path = run_dir / f"worker-{rank}.jsonl"
+            path = RunDir(run_dir).worker(rank)
             own = checkpoint.drawn_on_since(
                 own, read_jsonl(path) if path.is_file() else [],
                 _kept_of_others(run_dir, chosen, restarted + [rank]))
@@ -508,8 +527,10 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     if rank == 0:
         lead = (f"; rank(s) {', '.join(map(str, restarted))}, lost before it, restart from "
                 f"rank {leader}'s round and global state" if restarted else "")
-        print(f"resuming from checkpoint {index}: round {own['round']}, training time "
-              f"{own['loop']['train_time']:.1f} s{lead}", file=sys.stderr, flush=True)
+        tell(run_dir, "resumed", f"resuming from checkpoint {index}: round {own['round']}, "
+                                 f"training time {own['loop']['train_time']:.1f} s{lead}",
+             index=index, round=own["round"], train_time=own["loop"]["train_time"],
+             restarted=list(restarted))
     return own, index, leader
 
 
@@ -532,7 +553,7 @@ def _kept_of_others(run_dir: Path, chosen: list[int], restarted: list[int]) -> l
     (`runtime/shards.py`)."""
     kept = []
     for rank, index in enumerate(chosen):
-        path = run_dir / f"worker-{rank}.jsonl"
+        path = RunDir(run_dir).worker(rank)
         if rank in restarted or not path.is_file():
             continue
         state = checkpoint.load(checkpoint.file_of(run_dir, index, rank))
@@ -554,10 +575,10 @@ def _cut_logs(run_dir: Path, rank: int, own: dict | None) -> None:
         return (record.get("t_end", math.inf) <= own["records_until"] if restarted
                 else record.get("round", 0) <= last)
 
-    checkpoint.cut_jsonl(run_dir / f"worker-{rank}.jsonl", keep)
+    checkpoint.cut_jsonl(RunDir(run_dir).worker(rank), keep)
     if rank == 0:
         until = -1.0 if own is None else own["loop"]["train_time"] + 1e-6
-        checkpoint.cut_jsonl(run_dir / "eval.jsonl",
+        checkpoint.cut_jsonl(RunDir(run_dir).eval,
                              lambda r: (r.get("train_time") or 0.0) <= until)
 
 

@@ -9,7 +9,9 @@ rank 0's machine also writes `run.json` and `eval.jsonl`, the parameter server's
 2. a file present in several sources must be the same bytes there (the same rank's records
    written twice would be two runs mixed);
 3. each file is copied to a temporary name and renamed, so an interrupted gather leaves whole
-   files only.
+   files only;
+4. `events.jsonl`, which every machine appends its own events to, is the sources' events
+   merged in time order (each once).
 
 It returns the names copied; `summarize` then warns about workers `run.json` lists that have
 no records (a machine not gathered).
@@ -19,13 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
-#: the files of a run directory that hold records (checkpoints and figures stay where they are)
-RECORDS = re.compile(r"^(run\.json|eval\.jsonl|ps\.jsonl|service\.json|state-server\.json|"
-                     r"config\.json|worker-\d+\.jsonl)$")
+from hetsync.telemetry.recorder import write_text_atomic
+from hetsync.telemetry.rundir import EVENTS, RECORDS, RUN, RunDir
 
 
 class GatherError(ValueError):
@@ -49,25 +49,25 @@ def gather(dest: str | Path, sources: list[str | Path]) -> list[str]:
         if not source.is_dir():
             raise GatherError(f"{source}: not a directory")
         for path in sorted(source.iterdir()):
-            if not RECORDS.match(path.name) or not path.is_file():
+            if not RECORDS.match(path.name) or not path.is_file() or path.name == EVENTS:
                 continue
-            if path.name == "run.json":
+            if path.name == RUN:
                 runs.setdefault(_identity(path), path)
             other = found.get(path.name)
             if other is None:
                 found[path.name] = path
-            elif other.read_bytes() != path.read_bytes() and path.name != "run.json":
+            elif other.read_bytes() != path.read_bytes() and path.name != RUN:
                 raise GatherError(f"{path.name} differs between {other.parent} and "
                                   f"{path.parent}: records of two runs?")
     if len(runs) > 1:
         named = ", ".join(f"{name} started {start}" for name, start in runs)
         raise GatherError(f"the sources hold more than one run ({named})")
-    if "run.json" not in found:
+    if RUN not in found:
         raise GatherError(f"no run.json in {', '.join(map(str, sources))}: rank 0's machine "
                           f"writes it; gather its directory too")
     # several run.json of one run: rank 0's last write (with end_time) is the longest
-    run_jsons = [Path(s) / "run.json" for s in sources if (Path(s) / "run.json").is_file()]
-    found["run.json"] = max(run_jsons, key=lambda p: p.stat().st_size)
+    run_jsons = [RunDir(s).run for s in sources if RunDir(s).run.is_file()]
+    found[RUN] = max(run_jsons, key=lambda p: p.stat().st_size)
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for name, path in sorted(found.items()):
@@ -78,4 +78,9 @@ def gather(dest: str | Path, sources: list[str | Path]) -> list[str]:
         shutil.copyfile(path, tmp)
         os.replace(tmp, target)
         copied.append(name)
+    events = {json.dumps(e, sort_keys=True): e for s in sources for e in RunDir(s).read_events()}
+    if events:
+        merged = sorted(events.values(), key=lambda e: e.get("t", 0.0))
+        write_text_atomic(RunDir(dest).events, "".join(json.dumps(e) + "\n" for e in merged))
+        copied.append(EVENTS)
     return copied

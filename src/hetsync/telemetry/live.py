@@ -37,6 +37,7 @@ from starlette.routing import Route
 from hetsync.serving import Service
 from hetsync.telemetry.metric import ACCURACY, LOSS, Metric, metric_of
 from hetsync.telemetry.summarize import HELD
+from hetsync.telemetry.rundir import RunDir
 
 #: rounds over which the page measures a worker's speed
 RECENT = 32
@@ -128,14 +129,14 @@ class RunWatcher:
         #: each worker's nominal speed: given, or from run.json
         self._nominal: dict[int, float | None] = dict(nominal or {})
         self._given = set(self._nominal)
-        self._evals = _Tail(self.run_dir / "eval.jsonl")
+        self._evals = _Tail(RunDir(self.run_dir).eval)
         self.evaluated: list[tuple[float, float]] = []
         self.loss: list[tuple[float, float]] = []
         self.metric: Metric | None = None  # (from run.json's config)
 
     def update(self) -> None:
         """Read what was appended since the last call."""
-        for path in self.run_dir.glob("worker-*.jsonl"):
+        for path in RunDir(self.run_dir).worker_files():
             rank = int(path.stem.split("-")[1])
             if self.ranks is not None and rank not in self.ranks:
                 continue
@@ -158,9 +159,9 @@ class RunWatcher:
         """The run's name, mode, whether its evaluation is deferred and the key of its figure
         of merit (from `run.json`)."""
         run = {}
-        if (self.run_dir / "run.json").exists():
+        if RunDir(self.run_dir).run.exists():
             try:
-                run = json.loads((self.run_dir / "run.json").read_text())
+                run = json.loads(RunDir(self.run_dir).run.read_text())
             except ValueError:  # being replaced this instant
                 run = {}
         config = run.get("config") or {}

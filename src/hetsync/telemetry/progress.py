@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from hetsync.telemetry.metric import metric_of
+from hetsync.telemetry.rundir import RunDir
 
 
 class JsonlTail:
@@ -47,8 +48,8 @@ class ClusterProgress:
         self.cfg, self.stream, self.enabled = cfg, stream, enabled
         self.tty = hasattr(stream, "isatty") and stream.isatty()
         self.every_s, self.last_print = every_s, 0.0
-        self.eval_tail = JsonlTail(run_dir / "eval.jsonl")
-        self.worker_tails = {r: JsonlTail(run_dir / f"worker-{r}.jsonl")
+        self.eval_tail = JsonlTail(RunDir(run_dir).eval)
+        self.worker_tails = {r: JsonlTail(RunDir(run_dir).worker(r))
                              for r in range(cfg.workers)}
         self.last_eval: dict | None = None
         self.samples = 0

@@ -23,11 +23,12 @@ file and the line number, because silently dropping records would falsify every 
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hetsync.telemetry.rundir import OLD_SERVICE, SERVICE, WORKER_FILE, RunDir
 
 #: the fields of every round record (`runtime/rounds.py`'s `RoundAccount.record`); any other
 #: is one the mode adds (`Mode.round_record`)
@@ -54,7 +55,6 @@ WORKER_FIELDS = (
 #: Fields every evaluation record must carry.
 EVAL_FIELDS = ("t", "train_time", "test_acc")
 
-_WORKER_FILE = re.compile(r"^worker-(\d+)\.jsonl$")
 
 
 class RunLogError(ValueError):
@@ -173,7 +173,7 @@ def read_run(run_dir: str | Path) -> RunLog:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunLogError(f"run directory {run_dir} does not exist (or is not a directory)")
-    run_json = run_dir / "run.json"
+    run_json = RunDir(run_dir).run
     if not run_json.is_file():
         raise RunLogError(f"run directory {run_dir} has no run.json: is this a hetsync run directory?")
     run = _read_json(run_json)
@@ -181,7 +181,7 @@ def read_run(run_dir: str | Path) -> RunLog:
     worker_files = sorted(
         (int(m.group(1)), p)
         for p in run_dir.iterdir()
-        if (m := _WORKER_FILE.match(p.name)) and p.is_file()
+        if (m := WORKER_FILE.match(p.name)) and p.is_file()
     )
     if not worker_files:
         raise RunLogError(
@@ -190,16 +190,16 @@ def read_run(run_dir: str | Path) -> RunLog:
     workers = {rank: read_jsonl(path, WORKER_FIELDS) for rank, path in worker_files}
 
     evals: list[dict[str, Any]] = []
-    if (run_dir / "eval.jsonl").is_file():
-        evals = read_jsonl(run_dir / "eval.jsonl", EVAL_FIELDS)
+    if RunDir(run_dir).eval.is_file():
+        evals = read_jsonl(RunDir(run_dir).eval, EVAL_FIELDS)
         evals.sort(key=lambda e: float(e["train_time"]))  # stable: file order on ties
 
     ps: list[dict[str, Any]] = []
-    if (run_dir / "ps.jsonl").is_file():
-        ps = read_jsonl(run_dir / "ps.jsonl", ("bytes_sent",))
+    if RunDir(run_dir).ps.is_file():
+        ps = read_jsonl(RunDir(run_dir).ps, ("bytes_sent",))
 
     service = None
-    for name in ("service.json", "state-server.json"):  # (the latter: before 2026-11-26)
+    for name in (SERVICE, OLD_SERVICE):
         if service is None and (run_dir / name).is_file():
             service = _read_json(run_dir / name)
 

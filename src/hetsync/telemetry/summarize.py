@@ -16,6 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from hetsync.telemetry.ledger import run_ledger
 from hetsync.telemetry.metric import ACCURACY, Metric, metric_of
 from hetsync.telemetry.runlog import ROUND_FIELDS, RunLog, read_run
+from hetsync.telemetry.recorder import clean_json, write_text_atomic
+from hetsync.telemetry.rundir import RunDir
 
 __all__ = [
     "target_key",
@@ -433,8 +435,28 @@ def write_summary(
     """Write ``{run_dir}/summary.json`` (:func:`summarize`) and, with ``esync_json``, also
     ``{run_dir}/esync-summary.json`` (:func:`esync_summary`). Returns the summary.json path."""
     log = read_run(run_dir)
-    path = log.run_dir / "summary.json"
+    path = RunDir(log.run_dir).summary
     _dump(path, summarize_log(log, targets))
     if esync_json:
-        _dump(log.run_dir / "esync-summary.json", esync_summary(log))
+        _dump(RunDir(log.run_dir).esync_summary, esync_summary(log))
     return path
+
+
+def recount_samples_seen(run_dir: str | Path) -> None:
+    """Restamp each evaluation's `samples_seen` of a finished run from the workers' records:
+    the samples of every round that ended by the evaluation's time `t`.
+
+    For the modes whose count goes through the store (no common round: the asynchronous
+    ones) on a virtual clock: there the leader reads the store when the real machine gets to
+    it, so its count depends on the machine's speed while every other field is the clocks'."""
+    log = read_run(run_dir)
+    ends = [(float(r["t_end"]), int(r["samples"])) for records in log.workers.values()
+            for r in records]
+    path = RunDir(run_dir).eval
+    if not path.is_file():
+        return
+    evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for record in evals:  # (the leader's own round ends exactly at `t`)
+        record["samples_seen"] = sum(n for t, n in ends if t <= record["t"] + 1e-9)
+    write_text_atomic(path, "".join(json.dumps(clean_json(r), separators=(",", ":")) + "\n"
+                                    for r in evals))
