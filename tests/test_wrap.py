@@ -619,3 +619,71 @@ def test_a_wrapped_run_goes_on_without_rank_0_and_the_lowest_survivor_leads(mode
     assert run["lost_workers"] == [0] and run["end_time"] > run["start_time"]
     evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert len(evals) == 1 and evals[0]["test_loss"] == pytest.approx(first[4])
+
+
+def _balanced_step(rank, world, profile):
+    """One `sync` step of batches balanced to `profile`; this rank's batch and the model."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.5), model, mode="sync",
+                       timeout=60, batch_size=8, profile=profile)
+    x_all, y_all, _ = _task(0, 1)
+    first = sum(_balanced_sizes(profile)[:rank])  # each rank's own samples, one after another
+    x, y = x_all[first:first + opt.batch_size], y_all[first:first + opt.batch_size]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()  # (the mean over its batch)
+    opt.step()
+    opt.finish()
+    return opt.batch_size, [p.detach().clone() for p in model.parameters()]
+
+
+def _balanced_sizes(profile) -> list[int]:
+    return hetsync.clock.profile.load(profile).batches(8)
+
+
+def test_batches_balanced_to_a_profile_count_every_sample_once_in_the_sum(tmp_path):
+    """A profile of devices 1x and 2x slower per sample: batches 8 and 4, and `sync`'s sum
+    weighs each worker's gradient by its share of the samples, so the step is the one of
+    the mean loss over all 12 (a hand computation in this process)."""
+    import hetsync.clock.profile  # noqa: F401 - (the helper above reads it)
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"format": "hetsync-profile", "version": 1, "devices": [
+        {"step_s": 0.0, "sample_s": 0.001}, {"step_s": 0.0, "sample_s": 0.002}]}))
+    (batch0, after), (batch1, other) = run_ranks(_balanced_step, 2, str(profile))
+    assert (batch0, batch1) == (8, 4)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    x_all, y_all, _ = _task(0, 1)
+    torch.nn.functional.cross_entropy(model(x_all[:12]), y_all[:12]).backward()
+    with torch.no_grad():
+        expected = [p - 0.5 * p.grad for p in model.parameters()]
+    for got, theirs, want in zip(after, other, expected):
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(theirs, want)
+
+
+def test_a_profile_for_another_cluster_or_a_mode_counting_workers_is_refused(tmp_path):
+    three = tmp_path / "three.json"
+    three.write_text(json.dumps({"devices": [{"step_s": 0.0, "sample_s": 0.001,
+                                              "count": 3}]}))
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"three.json': it has 3 device\(s\), one per "
+                                         r"worker; this run has 1 workers"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
+                     batch_size=8, profile=str(three))
+    with pytest.raises(ValueError, match="give batch_size= too"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
+                     profile=str(three))
+    with pytest.raises(ValueError, match="batch_size=0: expected an integer >= 1"):
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
+                     batch_size=0)
+    # (the rule alone: a run of three ranks on the profile, rank 1's part)
+    from hetsync.distributed_optimizer import _balanced
+
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({"devices": [{"step_s": 0.0, "sample_s": 0.001},
+                                           {"step_s": 0.0, "sample_s": 0.003}]}))
+    assert _balanced(9, str(two), 1, 2, registry.get("diloco")) == (3, 2 * 3 / 12)
+    with pytest.raises(ValueError, match="mode 'async''s sums count workers, not samples"):
+        _balanced(9, str(two), 1, 2, registry.get("async"))

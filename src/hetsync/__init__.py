@@ -32,6 +32,10 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
             `hetsync.serve_parameters` instead.
         timeout: seconds before a silent peer is taken as dead (default 120).
         slowdown: emulate a device this many times slower (default 1).
+        batch_size: the batch of a step, exposed as `opt.batch_size` for the loader; with
+            `profile` (`hetsync probe`'s file, device i = worker i), the fastest device's,
+            each other's balanced to its speed (`opt.batch_size` then differs by rank, and
+            every sum counts samples).
         run_dir / log_dir: where the run's records go (each worker writes its
             `worker-R.jsonl`; rank 0 `run.json` and `eval.jsonl`): a run directory, or a
             directory to make one in.
@@ -43,7 +47,8 @@ def wrap(optimizer, model, mode: str = "esync", **kwargs):
     with `step()` (`step(loss=loss)` records the loss), `zero_grad()`, `param_groups`,
     `state_dict()`/`load_state_dict()` (the mode's state included), `global_model()`,
     `record_evaluation(accuracy, loss)`, `set_epoch(epoch)`, `finish()`, and `workers`,
-    `rank` (this worker's place among them, for a sampler), `run_dir`, `round` and `mode`.
+    `rank` (this worker's place among them, for a sampler), `batch_size` (this worker's,
+    for its loader), `run_dir`, `round` and `mode`.
     `help(hetsync.distributed_optimizer.DistributedOptimizer)` says what each does and
     lists every mode's options with their defaults. (The module is not called `wrap`:
     importing it would rebind this name.)"""

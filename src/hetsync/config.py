@@ -364,11 +364,12 @@ class Config:
     def batch_of(self, rank: int) -> int:
         """Worker `rank`'s batch: -b, or with --balanced-batches -b × the fastest worker's
         slowdown ÷ its own, rounded down (no step longer than the fastest's), at least 1."""
+        from hetsync.clock.profile import balanced_batches
+
         if not self.balanced_batches:
             return self.batch_size
-        fastest = min(self._relative_slowness(r) for r in range(self.workers))
-        return max(1, math.floor(self.batch_size * fastest / self._relative_slowness(rank)
-                                 + 1e-9))
+        return balanced_batches(self.batch_size, [self._relative_slowness(r)
+                                                  for r in range(self.workers)])[rank]
 
     def _relative_slowness(self, rank: int) -> float:
         """What the balanced batches follow: the measured speeds of real devices

@@ -75,6 +75,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
       ``load_state_dict()``: a torch optimizer's (``loss``: the step's, for the records);
     - ``workers``, ``rank``: how many workers train and this one's rank among them (for a
       sampler: ``DistributedSampler(data, opt.workers, opt.rank)``);
+    - ``batch_size``: this worker's batch, for its loader (``DataLoader(data,
+      opt.batch_size, sampler=...)``): ``batch_size`` as given, or with ``profile`` (a
+      ``hetsync probe`` profile, device i = worker i) balanced to the devices' speeds —
+      ``batch_size`` the fastest device's, each other's as many samples as fit in its
+      step, and every sum counting samples (each worker's weight its share of a step's
+      samples); None where neither was given;
     - ``global_model()``: a context in which the model holds the global weights; evaluate
       inside it, on any worker, at any step; its time is not training time;
     - ``record_evaluation(test_acc, test_loss=None)``: the leader (``leads``: rank 0, or
@@ -98,7 +104,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  collective: str = "native", group=None,
                  service: tuple[str, int] | None = None, ps_rank: int | None = None,
                  timeout: float = 120.0, slowdown: float = 1.0, run_dir=None, log_dir=None,
-                 **options):
+                 batch_size: int | None = None, profile=None, **options):
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already wrapped by hetsync.wrap")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -125,6 +131,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if spec.max_workers is not None and workers > spec.max_workers:
             raise ValueError(f"mode {mode!r} trains on at most {spec.max_workers} worker(s); "
                              f"this group has {workers}")
+        #: this worker's batch (see the class docstring), and its share of a step's samples
+        self.batch_size, sample_weight = _balanced(batch_size, profile, rank, workers, spec)
         DistributedOptimizer._made += 1
         prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
         store = dist.distributed_c10d._get_default_store() if workers > 1 else None
@@ -143,7 +151,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                             service_token=token, ps_rank=ps_rank)
             self.assembly = assemble(spec, opts, model, optimizer, wiring,
                                      timer=StepTimer(slowdown, cpu_device=next(
-                                         model.parameters()).device.type == "cpu"))
+                                         model.parameters()).device.type == "cpu"),
+                                     sample_weight=sample_weight)
             self._connect(model, rank, workers, store, prefix, run_dir, group=group,
                           slowdown=slowdown, collective=collective, options=opts,
                           timeout=timeout)
@@ -617,6 +626,33 @@ def _new_run_dir(log_dir, name: str | None, rank: int, store, prefix: str) -> Pa
     else:
         run = store.get(f"{prefix}/run-name").decode()
     return Path(log_dir) / run
+
+
+def _balanced(batch_size: int | None, profile, rank: int, workers: int,
+              spec) -> tuple[int | None, float]:
+    """This worker's batch and sample weight (`DistributedOptimizer.batch_size`): the batch
+    as given with weight 1, or with a profile each device's balanced to its speed
+    (`clock.profile.balanced_batches`), weight P × its batch ÷ all the batches."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+    if profile is None:
+        return batch_size, 1.0
+    from hetsync.clock.profile import load
+
+    if batch_size is None:
+        raise ValueError(f"profile={str(profile)!r}: give batch_size= too, the fastest "
+                         f"device's batch, which the others' follow")
+    cluster = load(profile)  # (ProfileError, a ValueError, names the file and what is wrong)
+    if len(cluster.devices) != workers:
+        raise ValueError(f"profile={str(profile)!r}: it has {len(cluster.devices)} "
+                         f"device(s), one per worker; this run has {workers} workers")
+    batches = cluster.batches(batch_size)
+    if len(set(batches)) > 1 and not spec.counts_samples:
+        raise ValueError(f"mode {spec.name!r}'s sums count workers, not samples: it cannot "
+                         f"take batches balanced to a profile (balanced batches: "
+                         f"{', '.join(registry.names(baseline=False, counts_samples=True))})")
+    return batches[rank], workers * batches[rank] / sum(batches)
 
 
 def parameter_server_rank() -> int:

@@ -47,6 +47,14 @@ FORMAT, VERSION = "hetsync-profile", 1
 JITTERS = ("lognormal", "half-normal")
 
 
+def balanced_batches(batch: int, slowness: list[float] | tuple[float, ...]) -> list[int]:
+    """Each device's batch where batches follow speeds (LB-BSP; `--balanced-batches`):
+    `batch` × the fastest device's slowness ÷ its own (a step time, or a slowdown), rounded
+    down so that no step is longer than the fastest's, at least 1."""
+    fastest = min(slowness)
+    return [max(1, math.floor(batch * fastest / s + 1e-9)) for s in slowness]
+
+
 class ProfileError(ValueError):
     """A profile that cannot be read or holds what a profile cannot; the message names the
     file, the key and what would be valid."""
@@ -89,6 +97,10 @@ class ClusterProfile:
         """The link every message is priced on (the module docstring, step 3)."""
         links = [self.link] + [d.link for d in self.devices if d.link is not None]
         return Link(max(l.latency_s for l in links), min(l.bandwidth_bps for l in links))
+
+    def batches(self, batch: int) -> list[int]:
+        """Each device's batch, balanced to its time at `batch` (`balanced_batches`)."""
+        return balanced_batches(batch, self.slowdowns(batch))
 
     def slowdowns(self, batch: int) -> tuple[float, ...]:
         """Each device's time for `batch` samples over the fastest's."""
