@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -153,3 +154,31 @@ def test_write_rejects_bad_arrays(tmp_path):
         write_idx(tmp_path / "x", np.zeros(3, np.uint16))
     with pytest.raises(ValueError, match="5 dimensions"):
         write_idx(tmp_path / "x", np.zeros((1,) * 5, np.uint8))
+
+
+def test_a_compressed_files_array_is_cached_and_read_afresh_once_the_file_changes(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("HETSYNC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "a-idx1-ubyte.gz"
+    write_idx(path, np.arange(5, dtype=np.uint8))
+    np.testing.assert_array_equal(read_idx(path), np.arange(5))
+    cached, = (tmp_path / "cache" / "idx").glob("a-idx1-ubyte.gz-*.npy")
+    assert np.load(cached).tolist() == [0, 1, 2, 3, 4]
+    cached.write_bytes(b"cut short")  # a cache that cannot be read is passed over
+    np.testing.assert_array_equal(read_idx(path), np.arange(5))
+    write_idx(path, np.arange(3, dtype=np.uint8))  # the file changes: its array is read again
+    os.utime(path, ns=(1, 1))
+    np.testing.assert_array_equal(read_idx(path), np.arange(3))
+    with pytest.raises(IdxFormatError, match="corrupt gzip stream"):  # never the cache's
+        path.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
+        read_idx(path)
+
+
+def test_no_cache_where_it_is_turned_off_or_the_file_is_raw(tmp_path, monkeypatch):
+    monkeypatch.setenv("HETSYNC_CACHE", "none")
+    write_idx(tmp_path / "a.gz", np.arange(5, dtype=np.uint8))
+    read_idx(tmp_path / "a.gz")
+    monkeypatch.setenv("HETSYNC_CACHE", str(tmp_path / "cache"))
+    write_idx(tmp_path / "raw", np.arange(5, dtype=np.uint8))
+    read_idx(tmp_path / "raw")
+    assert not (tmp_path / "cache").exists()

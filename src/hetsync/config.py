@@ -691,9 +691,16 @@ class Config:
 
     def _check_optimizer(self) -> None:
         """The mode applies the local optimizer as given, or says why not (one line): e.g.
-        ASGD's parameter server applies plain SGD to every push."""
+        ASGD's parameter server applies plain SGD to every push. Asked only of a mode that
+        has something to say (the ranges torch checks are checked above): building an
+        optimizer imports torch._dynamo, seconds of a launch's start."""
         import torch
 
+        from hetsync.algorithms.base import Mode
+
+        if getattr(self.spec.worker.check_optimizer, "__func__", None) is \
+                Mode.check_optimizer.__func__:
+            return
         try:
             self.spec.worker.check_optimizer(
                 self.local_optimizer([torch.zeros(1, requires_grad=True)], self.lr))

@@ -113,11 +113,14 @@ class SnapshotWriter:
                                         name="hetsync-snapshots")
         self._thread.start()
 
-    def put(self, stamp: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
-        """Queue a snapshot (`state`: a CPU copy, which the caller no longer touches)."""
+    def put(self, stamp: dict[str, Any], state: dict[str, torch.Tensor],
+            first: bool = False) -> None:
+        """Queue a snapshot (`state`: a CPU copy, which the caller no longer touches);
+        `first`: the starting model's, numbered 0, before every other."""
         self._raise()
-        self.number += 1
-        path = self.root / f"{self.number:06d}.pt"
+        if not first:
+            self.number += 1
+        path = self.root / f"{0 if first else self.number:06d}.pt"
         taken = {"taken_at": time.time()} if self.stamp_taken else {}
         self._queue.put((path, {"version": VERSION, "stamp": {**stamp, **taken},
                                 "model": state}))

@@ -43,7 +43,9 @@ def _context():
 
 
 def warm_up() -> None:
-    """Start the server now, so that its imports overlap the caller's own work."""
+    """Start the server now, so that its imports overlap the caller's own work (`python -m
+    hetsync launch` starts it before it imports torch itself: the two import side by
+    side)."""
     _context()
     from multiprocessing import forkserver
 

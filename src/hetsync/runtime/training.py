@@ -343,11 +343,16 @@ class TrainingLoop:
                                 self._record_evaluation)
 
     def evaluate_initial(self, t0: float) -> None:
-        """Accuracy of the starting model (round 0, training time 0), before the clock runs."""
+        """Accuracy of the starting model (round 0, training time 0), before the clock runs:
+        by the evaluator process where there is one (a snapshot, off the start's path: the
+        other workers would wait for it at the start's barrier), else here."""
         if self.rank == 0 and self.eval_recorder is not None:
+            stamp = {"t": 0.0, "train_time": 0.0, "round": 0, "samples_seen": 0}
+            if self.snapshots is not None and self.cfg.evaluator:
+                self.snapshots.put(stamp, _cpu_state(self.mode.model), first=True)
+                return
             result = evaluate(self.mode.model, self.test_set, self.device)
-            self.eval_recorder.write({"t": 0.0, "train_time": 0.0, "round": 0, "samples_seen": 0,
-                                      "test_acc": result.test_acc,
+            self.eval_recorder.write({**stamp, "test_acc": result.test_acc,
                                       "test_loss": result.test_loss})
 
     # ------------------------------------------------------------------ the agreement
