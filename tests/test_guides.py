@@ -28,16 +28,29 @@ def _commands() -> list[tuple[str, list[str]]]:
             for line in block.replace("\\\n", " ").splitlines():
                 for key, value in PLACEHOLDERS.items():
                     line = line.replace(key, value)
-                for command in re.split(r"&&|\|\||;|\|", line):  # (one per shell command)
-                    words = shlex.split(command, comments=True)
+                for words in _shell_commands(line):
                     if ".venv/bin/hetsync" in words:  # (the README's own venv)
                         words[words.index(".venv/bin/hetsync")] = "hetsync"
                     if "hetsync" in words and words[0] != "pip":
                         at = words.index("hetsync")
                         if at == 0 or words[at - 1] == "-m":
-                            found.append((f"{page.name}: {command.strip()[:70]}",
+                            found.append((f"{page.name}: {' '.join(words)[:70]}",
                                           words[at + 1:]))
     return found
+
+
+def _shell_commands(line: str) -> list[list[str]]:
+    """The words of each command of a shell line (split at `&&`, `||`, `;` and `|` outside
+    quotes), its comment cut."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in ("&&", "||", ";", "|"):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [words for words in commands if words]
 
 
 COMMANDS = _commands()

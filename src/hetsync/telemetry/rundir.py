@@ -10,7 +10,7 @@ A run's directory holds (who writes it):
 ``eval.jsonl``           the evaluations (the leader, or `hetsync evaluate`)
 ``ps.jsonl``             the parameter server's traffic, work, refusals and losses
 ``service.json``         the counts of the mode's service (ESync's state server)
-``events.jsonl``         what happened, one line each (`EVENTS`): any process appends
+``events.jsonl``         what happened, one line each (`EVENTS_KINDS`): any process appends
 ``summary.json``         the summary of every record (`telemetry/summarize.py`; and
                          ``esync-summary.json``, ESync's figures, where asked for)
 ``logs/``                each process's output, and ``pids.json``: which process is which rank
@@ -18,10 +18,10 @@ A run's directory holds (who writes it):
 ``figures/``             the figures (`telemetry/plots.py`)
 =======================  =====================================================================
 
-An event is one JSON line, ``{"t": unix seconds, "event": kind, "rank": r, ...}``, appended
-with one `write` of a line shorter than a pipe's atomic size, so processes that append at
-once never interleave their lines; a reader skips a line cut short by a crash, as it does
-every JSONL file's (`telemetry/runlog.py`).
+An event is one JSON line, ``{"t": unix seconds, "event": kind, ...}``, appended with one
+`write` to the file opened ``O_APPEND`` (on a local file system each such write lands whole
+at the end), so processes that append at once never interleave their lines; a reader skips
+a line cut short by a crash, as it does every JSONL file's (`telemetry/runlog.py`).
 """
 
 from __future__ import annotations
