@@ -529,7 +529,7 @@ def report_again(args, stream) -> int:
                                          run_dir=run_dir, error=x.get("error"),
                                          seed=x.get("seed")))
     done = next((r.run_dir for r in results if r.run_dir is not None), None)
-    train_size = (len(Config.loadRunDir(done).config.load_data().train)
+    train_size = (len(Config.load(RunDir(done).config).load_data().train)
                   if done is not None else None)
     again = f"hetsync bench --report {args.report}" + (
         f" --targets {','.join(map(str, args.targets))}" if args.targets else "") + (
