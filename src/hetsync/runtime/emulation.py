@@ -230,6 +230,9 @@ def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
         return cfg, None
     how = given
     if cfg.step_work is None:
+        from hetsync.runtime import forked
+
+        forked.ready()  # (measured beside the warm parent's imports, it came out 20-40 % slower)
         cfg = dataclasses.replace(cfg, step_work=measure_step_work(cfg, split))
         how = f"on {cfg.threads} thread(s), measured here"
     # a given step is per -b samples: the same value at another -b is another speed

@@ -42,14 +42,33 @@ def _context():
     return ctx
 
 
+_warming = False  # whether this process started the server (`warm_up`)
+
+
 def warm_up() -> None:
     """Start the server now, so that its imports overlap the caller's own work (`python -m
     hetsync launch` starts it before it imports torch itself: the two import side by
     side)."""
+    global _warming
     _context()
     from multiprocessing import forkserver
 
     forkserver.ensure_running()
+    _warming = True
+
+
+def _nothing() -> None:
+    pass
+
+
+def ready() -> None:
+    """Wait until a server this process started has done its imports (its first fork comes
+    after them): a measurement of the machine's speed taken meanwhile would share the cores
+    with them. No-op where no server was started."""
+    if _warming:
+        child = _context().Process(target=_nothing, daemon=True)
+        child.start()
+        child.join()
 
 
 def die_with_parent() -> None:
