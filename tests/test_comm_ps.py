@@ -99,6 +99,7 @@ def _ps_ranks(rank: int, world_size: int) -> dict:
         empty = ps.push_pull(SparseMessage(torch.empty(0, dtype=torch.int32),
                                            torch.empty(0), DIM))
         out["empty_reply_nnz"] = empty.nnz
+        ps.sum(torch.zeros(1))   # line up: both sparse pushes are in before either pulls
         out["pull"] = portable(ps.pull())
         out["header_bytes"] = HEADER_BYTES
     return out
@@ -126,7 +127,7 @@ def test_sum_bytes_are_payload_plus_header_each_way():
     for rank in (0, 1):
         assert res[rank]["sum_bytes"] == (per, per)
     server = res[2]["bytes"]["ps/sum"]
-    extra = 2 * (h + 4)     # the one-element "line up" sum of both workers
+    extra = 2 * 2 * (h + 4)  # the two one-element "line up" sums of both workers
     assert server == (2 * per + extra, 2 * per + extra)
 
 
@@ -163,8 +164,8 @@ def test_sparse_push_and_reply_round_trip():
         torch.testing.assert_close(tensor(res[rank]["pull"]), final)   # pulled after every push
     stats = res[2]["stats"]
     assert stats.requests == {"pull": 2, "push_pull": 2 * 2 + FAST_STEPS + 2,
-                              "sum": 2 * (len(SUM_CASES) + 1), "bye": 2}
-    assert stats.sum_rounds == len(SUM_CASES) + 1
+                              "sum": 2 * (len(SUM_CASES) + 2), "bye": 2}
+    assert stats.sum_rounds == len(SUM_CASES) + 2
     assert stats.bytes_sent == sum(s for s, _ in res[2]["bytes"].values())
     assert stats.bytes_recv == sum(r for _, r in res[2]["bytes"].values())
 
