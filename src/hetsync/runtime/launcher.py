@@ -602,7 +602,7 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
     svc = cfg.spec.service
     if svc is not None:
         cluster.start_service()
-    events = RunDir(cluster.run_dir)
+    events = RunDir(cluster.run_dir)  # (where what happens is told)
     cluster.start_ranks(events.config)
     cluster.start_evaluator()
     while True:
@@ -652,11 +652,12 @@ def finish_run(run_dir: Path, *, figures: bool = True, stream=sys.stdout) -> dic
 
     path = write_summary(run_dir)
     summary = json.loads(Path(path).read_text())
-    for worker in summary.get("per_worker", []):  # (once: a summary written again adds none)
+    events = RunDir(run_dir)
+    told = {e.get("rank") for e in events.read_events("slow_device")}  # (a summary again: none)
+    for worker in summary.get("per_worker", []):
         slow = worker.get("speed_of_nominal")
-        if slow is not None and slow < HELD and not any(
-                e.get("rank") == worker["rank"] for e in RunDir(run_dir).read_events("slow_device")):
-            RunDir(run_dir).event("slow_device", rank=worker["rank"], speed_of_nominal=slow)
+        if slow is not None and slow < HELD and worker["rank"] not in told:
+            events.event("slow_device", rank=worker["rank"], speed_of_nominal=slow)
     if figures:
         from hetsync.telemetry.plots import plot_run
 

@@ -49,7 +49,7 @@ def gather(dest: str | Path, sources: list[str | Path]) -> list[str]:
         if not source.is_dir():
             raise GatherError(f"{source}: not a directory")
         for path in sorted(source.iterdir()):
-            if not RECORDS.match(path.name) or not path.is_file() or path.name == EVENTS:
+            if not RECORDS.match(path.name) or not path.is_file():
                 continue
             if path.name == RUN:
                 runs.setdefault(_identity(path), path)

@@ -52,9 +52,10 @@ FIGURES = "figures"
 OLD_SERVICE = "state-server.json"
 #: a worker's records, by name (group 1: its rank)
 WORKER_FILE = re.compile(r"^worker-(\d+)\.jsonl$")
-#: the files that hold records (`hetsync gather` copies them; checkpoints and figures stay)
+#: the files that hold records, each written on one machine (`hetsync gather` copies them;
+#: checkpoints and figures stay; `events.jsonl`, which every machine appends to, it merges)
 RECORDS = re.compile(r"^(run\.json|eval\.jsonl|ps\.jsonl|service\.json|state-server\.json|"
-                     r"config\.json|events\.jsonl|worker-\d+\.jsonl)$")
+                     r"config\.json|worker-\d+\.jsonl)$")
 
 #: the kinds of event, and what each says
 EVENTS_KINDS = {
