@@ -221,6 +221,51 @@ def test_no_offer_after_a_survivors_regroup_proposed_first():
     assert survivors[0].offer([1]) is False
 
 
+def test_a_leader_lost_after_its_offer_leaves_one_membership_with_nobody_counted_twice():
+    """The leader offers rank 1 a place, then dies before the round's agreement reaches the
+    others (the CI failure of 85fdcba): a survivor's regroup of that generation finds the
+    offer's proposal, admits the joiner as agreed, and regroups again among those members —
+    here the joiner died too — so that rank 2 goes on alone with each lost rank named once,
+    and offers each joiner one place when they ask again."""
+    store = dist.HashStore()
+    survivors = _after_losing(store, 1)
+    joiner = Membership(store, 1, [0, 1, 2], timeout=5.0)
+    thread = threading.Thread(target=joiner.enter, kwargs={"wait": 5.0})
+    thread.start()
+    _until(survivors[0].waiting)
+    assert survivors[0].offer([1])
+    thread.join(5.0)
+    store.set("hetsync/lost/0", "1")  # launch saw the leader exit, then the joiner
+    store.set("hetsync/lost/1", "1")
+    rank_2 = survivors[2]
+    assert rank_2.regroup(RuntimeError("the leader's agreement failed")) == [2]
+    assert (rank_2.members, rank_2.leader, sorted(rank_2.lost), rank_2.joined) == \
+        ([2], 2, [0, 1], [1])
+    asking = [Membership(store, r, [0, 1, 2], timeout=5.0) for r in (0, 1)]
+    threads = [threading.Thread(target=m.enter, kwargs={"wait": 5.0}) for m in asking]
+    for t in threads:
+        t.start()
+    _until(lambda: sorted(rank_2.waiting()) == [0, 1])
+    assert rank_2.offer(rank_2.waiting())
+    for t in threads:
+        t.join(5.0)
+    assert rank_2.admit() == [0, 1] and rank_2.joined == [1, 0]
+    assert [m.members for m in asking] == [[0, 1, 2]] * 2
+
+
+def test_an_offer_to_a_joiner_that_died_since_it_asked_does_not_wait_for_it():
+    """`launch` withdraws the request of a joiner that died after the leader saw it ask:
+    the offer is still made (the members then fail to make groups with it, and regroup)
+    without waiting on the store for the request."""
+    store = dist.HashStore()
+    survivors = _after_losing(store, 1)
+    store.set("hetsync/join/1", "0123456789abcdef")
+    assert survivors[0].waiting() == [1]
+    store.delete_key("hetsync/join/1")  # (what launch does when the joiner exits)
+    start = time.monotonic()
+    assert survivors[0].offer([1])
+    assert time.monotonic() - start < 1.0 and survivors[0].admit() == [1]
+
 def test_a_joiner_leaves_quietly_when_the_run_ended_and_says_so_when_nobody_answers():
     store = dist.HashStore()
     _after_losing(store, 1)[0].close()

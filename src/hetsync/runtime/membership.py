@@ -40,9 +40,11 @@ A lost rank may come back and join the running job (torchft's and elastic Horovo
    has marked dead since) and offers them a place (`offer`): it proposes the next
    generation's members, lost ranks and joiners in ``regroup/G/members`` (the
    compare-and-set of a regroup: if a survivor's regroup proposed first, the offer is not
-   made) and answers each joiner's id with the generation, the members and how many groups
-   each member has made; the round's agreement tells every member to admit them (`admit`)
-   at the same point of its collectives;
+   made; if the offer came first, a regroup of that generation — a member was lost before
+   every member admitted — admits the joiners as agreed, then regroups among those
+   members) and answers each joiner's id with the generation, the members and how many
+   groups each member has made; the round's agreement tells every member to admit them
+   (`admit`) at the same point of its collectives;
 3. each member, and the joiner (`enter`), make the new groups; the joiner, which has made
    none, first makes groups of itself alone until it has made as many as the members: torch
    names a group made by its members alone after its ranks and the number of groups its
@@ -79,6 +81,8 @@ SPARE = "spare"
 JOIN = "hetsync/join"
 #: the leader marks the end of the run here: nobody is admitted after it
 DONE = "hetsync/done"
+#: what `compare_set` returns for a key that is not there (never a joiner's id, hex)
+_GONE = "-"
 
 
 def _group_count() -> int:
@@ -178,6 +182,11 @@ class Membership:
                 break
             time.sleep(0.05)
         alive = json.loads(self.store.get(decided))
+        if any(r not in self.members for r in alive):
+            # the leader's offer (`offer`) proposed first: its admission is agreed, so this
+            # member admits the joiners, then regroups among the members that makes
+            self.admit()
+            return self.regroup(cause)
         if len(alive) == len(self.members):
             raise cause
         if self.rank not in alive:
@@ -229,9 +238,12 @@ class Membership:
                              "absent": [r for r in self.absent if r not in joining],
                              "joined": self.joined + joining})
         for rank in joining:
-            attempt = self.shared.get(f"{JOIN}/{rank}").decode()
-            self.shared.delete_key(f"{JOIN}/{rank}")
-            self.shared.set(f"{JOIN}/{rank}/{attempt}", answer)
+            # (a non-blocking get: `launch` withdraws the request of a joiner that died since
+            # `waiting`; the members then fail to make groups with it, and regroup)
+            attempt = self.shared.compare_set(f"{JOIN}/{rank}", _GONE, _GONE).decode()
+            if attempt != _GONE:
+                self.shared.delete_key(f"{JOIN}/{rank}")
+                self.shared.set(f"{JOIN}/{rank}/{attempt}", answer)
         return True
 
     def admit(self) -> list[int]:
@@ -241,7 +253,7 @@ class Membership:
         joining = [r for r in members if r not in self.members]
         self.lost = [r for r in self.lost if r not in joining]
         self.absent = [r for r in self.absent if r not in joining]
-        self.joined += joining
+        self.joined += [r for r in joining if r not in self.joined]
         self.members, self.generation = members, self.generation + 1
         return joining
 
