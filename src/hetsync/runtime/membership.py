@@ -23,7 +23,9 @@ the others at the channel's timeout. So that nobody waits that long:
 
 A member lost while the groups are made (after it registered) never connects: making them
 fails within `MAKING_S` (not the timeout: every live member is making them at the same
-time), and the members regroup again (`rebuild`), without it. A rank left out (it registered
+time) — or five times it, where the lost member had published its address and a survivor
+waits for its connection (gloo's retries) — and the members regroup again (`rebuild`),
+without it. A rank left out (it registered
 too late) stops with an error naming the regroup. Ranks keep their numbers: a group's ranks
 are global ranks, so records, shards and the reports to a mode's service stay as they were. One
 member leads (`leader`): it proposes, evaluates and writes the global model
