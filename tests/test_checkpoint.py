@@ -72,30 +72,46 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tmp_path, da
 
 
 def test_collective_modes_resume_where_every_worker_can():
-    assert checkpoint.choose([[5, 4], [4, 3]], 0, collective=True) == 4
-    assert checkpoint.choose([[5, 4], [4, 3]], 1, collective=True) == 4
-    assert checkpoint.choose([[5, 4], [4, 3]], 0, collective=False) == 5
-    assert checkpoint.choose([[5], [4]], 1, collective=True) is None
+    led = {i: {0} for i in (3, 4, 5)}  # (rank 0's files hold the global model)
+    assert checkpoint.choose([[5, 4], [4, 3]], 0, True, {}, led) == 4
+    assert checkpoint.choose([[5, 4], [4, 3]], 1, True, {}, led) == 4
+    assert checkpoint.choose([[5, 4], [4, 3]], 0, False, {}, led) == 5
+    assert checkpoint.choose([[5], [4]], 1, True, {}, led) is None
 
 
 def test_checkpoints_written_after_a_loss_are_complete_without_the_lost_rank():
     # rank 1 was lost after checkpoint 2; 5 and 6 were written by ranks 0 and 2 without it
     per_rank, lost = [[6, 5], [2, 1], [6, 5]], {6: {1}, 5: {1}}
-    assert all(checkpoint.choose(per_rank, r, True, lost) == 6 for r in range(3))
-    assert checkpoint.choose(per_rank, 1, True) is None  # (not knowing it was lost)
+    holders = {6: {0}, 5: {0}, 2: {0}, 1: {0}}  # (rank 0 led throughout)
+    assert all(checkpoint.choose(per_rank, r, True, lost, holders) == 6 for r in range(3))
+    assert checkpoint.choose(per_rank, 1, True, {}, holders) is None  # (not knowing it was lost)
     # rank 2 has no 6 and was not lost: the newest complete one is 5
-    assert checkpoint.choose([[6, 5], [2, 1], [5]], 2, True, lost) == 5
+    assert checkpoint.choose([[6, 5], [2, 1], [5]], 2, True, lost, holders) == 5
     # rank 0 was lost too: 6 is rank 2's, the lowest left, which holds its global model
-    assert checkpoint.reference([[], [2], [6]], True, {6: {0, 1}}) == 6
-    assert checkpoint.leader({0, 1}, 3) == 2
-    assert checkpoint.choose([[], [2], [6]], 0, True, {6: {0, 1}}) == 6
+    assert checkpoint.reference([[], [2], [6]], True, {6: {0, 1}}, {6: {2}}) == 6
+    assert checkpoint.leader(6, {6: {0, 1}}, {6: {2}}) == 2
+    assert checkpoint.choose([[], [2], [6]], 0, True, {6: {0, 1}}, {6: {2}}) == 6
     # eager-SGD (no common checkpoint): each its own newest, a lost rank the leader's
-    assert checkpoint.choose([[7], [3], [8]], 2, False, {7: {1}}) == 8
-    assert checkpoint.choose([[7], [3], [8]], 1, False, {7: {1}}) == 7
+    holders = {7: {0}}  # (rank 0 led: its 7 holds the global model)
+    assert checkpoint.choose([[7], [3], [8]], 2, False, {7: {1}}, holders) == 8
+    assert checkpoint.choose([[7], [3], [8]], 1, False, {7: {1}}, holders) == 7
     # an asynchronous spare that joined after 7 and wrote none yet: the leader's 7 (a
     # collective mode has no checkpoint every worker can load, as before)
-    assert checkpoint.choose([[7], [8], []], 2, False) == 7
-    assert checkpoint.choose([[7], [7], []], 2, True) is None
+    assert checkpoint.choose([[7], [8], []], 2, False, {}, holders) == 7
+    assert checkpoint.choose([[7], [7], []], 2, True, {}, holders) is None
+
+
+def test_a_resume_after_rank_0_joined_again_starts_from_the_checkpoint_of_the_rank_that_led():
+    """Rank 0 was lost after checkpoint 3, rank 1 took the lead (4 names rank 0 lost), rank 0
+    joined again and rank 1 kept the lead (`runtime/membership.py`): 5 names nobody lost and
+    its global model is rank 1's. The resume starts from 5, its leader rank 1 — not from 4,
+    as it did while the leader was taken to be the lowest rank not lost (losing the rounds
+    since rank 0 joined again)."""
+    per_rank, lost = [[5, 3], [5, 4, 3], [5, 4, 3]], {5: set(), 4: {0}, 3: set()}
+    holders = {5: {1}, 4: {1}, 3: {0}}
+    assert checkpoint.reference(per_rank, True, lost, holders) == 5
+    assert checkpoint.leader(5, lost, holders) == 1
+    assert all(checkpoint.choose(per_rank, r, True, lost, holders) == 5 for r in range(3))
 
 
 def test_an_asynchronous_resume_starts_from_a_file_that_holds_the_global_model():
@@ -105,7 +121,6 @@ def test_an_asynchronous_resume_starts_from_a_file_that_holds_the_global_model()
     written while it led, not from rank 1's 5."""
     per_rank, lost = [[5, 4], [5, 4], [5, 4]], {5: {0}, 4: set()}
     holders = {4: {0}}
-    assert checkpoint.reference(per_rank, False, lost) == 5  # (without knowing who holds it)
     assert checkpoint.reference(per_rank, False, lost, holders) == 4
     assert checkpoint.choose(per_rank, 0, False, lost, holders) == 5  # its own newest
 

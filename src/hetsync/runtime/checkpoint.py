@@ -2,9 +2,9 @@
 
 What a checkpoint holds (one file per worker, `RUN_DIR/checkpoints/NNNNNN/rank-R.pt`):
 
-1. the leader's file (rank 0's, or the lowest survivor's once rank 0 was lost): the **global
-   model** (what evaluation sees, the parameter server's weights in the asynchronous modes),
-   taken after what was in flight is settled;
+1. the leader's file (rank 0's, or once it was lost the lowest survivor's, which keeps the
+   lead): the **global model** (what evaluation sees, the parameter server's weights in the
+   asynchronous modes), taken after what was in flight is settled;
 2. every worker's file: its optimizer's state, its mode's `state_dict` (round counter, outer
    optimizer, sparse memories, ...), its data position (epoch, batch), the last round it
    recorded, and the loop's clock and counters (elapsed and training time, samples seen by
@@ -33,7 +33,7 @@ theirs. A collective mode resumes from the newest checkpoint that every worker i
 by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restarted in it
 (`for_restarted_rank`): the round, loop counters and what the mode's workers hold in common
 (`Mode.restart_state`: the global weights and the outer optimizer, not the peer's own step
-times or control variates) of the checkpoint's leader (its lowest rank not lost), a fresh
+times or control variates) of the checkpoint's leader (the rank whose file holds its global model, `leader`), a fresh
 local optimizer, and the data position where its records written before the checkpoint end
 (their work is in the global model; those records are kept, any later ones dropped). In an
 asynchronous mode, whose workers count their own rounds, it counts on from its own last kept
@@ -156,40 +156,39 @@ def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
     return list(survey(run_dir, rank, stream))
 
 
-def leader(lost: set[int] | list[int], workers: int) -> int | None:
-    """The rank that wrote a checkpoint's global model: the lowest not lost by then."""
-    return min((r for r in range(workers) if r not in lost), default=None)
+def leader(index: int, lost: dict[int, set[int]], holders: dict[int, set[int]]) -> int | None:
+    """The rank that led when checkpoint `index` was written: the one whose file of it holds
+    the global model (`holders_at`) and that was not lost by then (an asynchronous rank
+    lost since may hold an older file of that number). The lead is not recomputed from the
+    ranks lost: a rank 0 that joined again after another took the lead does not lead
+    (`runtime/membership.py`). None: no file of it holds the global model."""
+    led = sorted(set(holders.get(index, ())) - set(lost.get(index, ())))
+    return led[0] if led else None
 
 
-def reference(per_rank: list[list[int]], collective: bool,
-              lost: dict[int, set[int]] | None = None,
-              holders: dict[int, set[int]] | None = None) -> int | None:
-    """The checkpoint whose global model every process resumes from: the newest that its
-    leader (`leader`) can load — in a collective mode, the newest that every worker not
-    lost when it was written (`lost`: index -> ranks) can load. None: there is none."""
-    lost, workers = lost or {}, len(per_rank)
+def reference(per_rank: list[list[int]], collective: bool, lost: dict[int, set[int]],
+              holders: dict[int, set[int]]) -> int | None:
+    """The checkpoint whose global model every process resumes from: the newest that has a
+    `leader` — in a collective mode, the newest that also every worker not lost when it was
+    written (`lost`: index -> ranks) can load. None: there is none."""
     for index in sorted(set().union(*map(set, per_rank)), reverse=True):
         gone = lost.get(index, set())
-        first = leader(gone, workers)
-        if first is None or index not in per_rank[first]:
+        if leader(index, lost, holders) is None:
             continue
-        if holders is not None and first not in holders.get(index, ()):
-            continue  # (an asynchronous rank's file of that number, written when it did not lead)
         if not collective or all(index in mine or r in gone
                                  for r, mine in enumerate(per_rank)):
             return index
     return None
 
 
-def choose(per_rank: list[list[int]], rank: int, collective: bool,
-           lost: dict[int, set[int]] | None = None,
-           holders: dict[int, set[int]] | None = None) -> int | None:
+def choose(per_rank: list[list[int]], rank: int, collective: bool, lost: dict[int, set[int]],
+           holders: dict[int, set[int]]) -> int | None:
     """The checkpoint `rank` resumes from: the `reference` in a collective mode (the workers
     must agree on the round), for a rank lost before it and for one that has written none
     yet (a spare that joined since: restarted from it), else its own newest. None: there is
     none."""
     ref = reference(per_rank, collective, lost, holders)
-    if ref is None or collective or rank in (lost or {}).get(ref, ()) or not per_rank[rank]:
+    if ref is None or collective or rank in lost.get(ref, ()) or not per_rank[rank]:
         return ref
     return per_rank[rank][0]
 
