@@ -348,3 +348,35 @@ def test_a_state_that_arrives_other_than_sent_is_refused_naming_both_checksums()
 
     with pytest.raises(CommError, match=f"sent {crc:08x}"):
         Altered(rank=1, workers=2).broadcast_state(torch.zeros(10))
+
+
+def test_the_lead_passes_to_the_lowest_survivor_and_stays_while_its_holder_lives():
+    from hetsync.runtime.membership import successor
+
+    assert successor(0, [0, 1, 2]) == 0
+    assert successor(0, [1, 2]) == 1
+    assert successor(1, [0, 1, 2]) == 1  # (rank 0 joined again: rank 1 keeps the lead)
+    assert successor(1, [0, 2]) == 0
+
+
+def test_an_asynchronous_runs_lead_is_taken_once_by_the_successor_and_kept_by_a_rejoiner():
+    """`StoreLead`: nobody takes the lead while rank 0 lives; once `launch` marks it dead,
+    rank 1 (the lowest not marked) takes it and rank 2 follows it; rank 0's new process then
+    does not lead, while a rank-1 process that comes back where the store names it does."""
+    from hetsync.runtime.membership import StoreLead
+
+    store = dist.HashStore()
+    leads = {r: StoreLead(store, r, range(3), joining=False) for r in (1, 2)}
+    assert [lead.follow() for lead in leads.values()] == [None, None]
+    assert {lead.leader for lead in leads.values()} == {0}
+    store.set("hetsync/lost/0", "1")
+    for lead in leads.values():
+        lead._next_check = 0.0  # (it asks at most every CHECK_S)
+    assert leads[2].follow() is None and leads[1].follow() == 0  # (rank 2 is not the successor)
+    leads[2]._next_check = 0.0
+    assert leads[2].follow() is None and leads[2].leader == 1
+    store.delete_key("hetsync/lost/0")  # rank 0's new process joins: it does not lead
+    assert StoreLead(store, 0, range(3), joining=True).reclaim() is False
+    store.set("hetsync/lost/1", "1")  # rank 1 lost; its new process joins before anyone took over
+    store.delete_key("hetsync/lost/1")
+    assert StoreLead(store, 1, range(3), joining=True).reclaim() is True

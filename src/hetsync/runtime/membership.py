@@ -30,7 +30,7 @@ too late) stops with an error naming the regroup. Ranks keep their numbers: a gr
 are global ranks, so records, shards and the reports to a mode's service stay as they were. One
 member leads (`leader`): it proposes, evaluates and writes the global model
 (`runtime/training.py`) — rank 0 until it is lost, then the lowest survivor, which keeps the
-lead while it lives (a rank that joins never takes it back).
+lead while it lives (a rank that joins does not take it back while the leader lives).
 
 A lost rank may come back and join the running job (torchft's and elastic Horovod's "join";
 `hetsync worker --join`, which `launch` starts in place of a lost worker), and so may a spare
@@ -57,6 +57,13 @@ The joiner's process group is torch's default one made lazily (``TORCH_GLOO_LAZY
 members' default group holds a connection to the lost process and never connects to the new
 one, so the joiner uses only the groups made with it. If the run ends first (`close`), the
 joiner leaves without training.
+
+Who leads has one rule (`successor`): rank 0, then once the leader is lost the lowest
+survivor, which keeps the lead while it lives. A regroup applies it to the members it agreed
+on; an asynchronous run, which has no membership to agree on, applies it to the ranks
+`launch` has not marked lost and names its leader in the store (`StoreLead`). A checkpoint
+does not apply it again: its leader is the rank whose file holds its global model
+(`checkpoint.leader`).
 
 The store must outlive every worker: `launch` hosts it in its own process, torchrun in its
 agent (``TORCHELASTIC_USE_AGENT_STORE``); with torch's default, rank 0's process holds it and
@@ -124,6 +131,69 @@ def local_groups(ranks: list[int], making: float, timeout: float) -> tuple:
     return groups
 
 
+def successor(leader: int, alive) -> int:
+    """Who leads among the ranks `alive`: `leader` while it lives, else the lowest of them
+    (rank 0 leads first; a rank that joins again does not take the lead back while the
+    leader lives)."""
+    return leader if leader in alive else min(alive)
+
+
+class StoreLead:
+    """An asynchronous run's leader (each worker talks to the parameter server alone: no
+    regroup to agree on it). Rank 0 leads until `launch` marks it dead in the store; then
+    the `successor` among the ranks not marked dead takes the lead by a compare-and-set of
+    `KEY`, so that one does, however many saw the loss (`follow`). A lost rank's new process
+    leads on where the store still names its rank (`reclaim`)."""
+
+    KEY = "hetsync/lead"
+    #: how often `follow` asks the store (three queries while the leader lives)
+    CHECK_S = 0.5
+
+    def __init__(self, store: dist.Store, rank: int, ranks, joining: bool):
+        self.store, self.rank, self.ranks = store, rank, ranks
+        #: the leader as this worker last saw it (a joiner's: none until it has entered)
+        self.leader = -1 if joining else 0
+        self._next_check = 0.0
+
+    def _named(self) -> tuple[int, bool]:
+        """The leader the store names, and whether it names one (else rank 0)."""
+        if self.store.check([self.KEY]):
+            return int(self.store.get(self.KEY)), True
+        return 0, False
+
+    def _take(self, leader: int, named: bool) -> None:
+        self.leader = int(self.store.compare_set(self.KEY, str(leader) if named else "",
+                                                 str(self.rank)))
+
+    def follow(self) -> int | None:
+        """At most every `CHECK_S`: the leader as the store has it, and the lead taken where
+        it was lost and this rank is its successor. Returns the lost leader's rank when this
+        rank has just taken the lead, else None."""
+        now = time.monotonic()
+        if self.leader == self.rank or now < self._next_check:
+            return None
+        self._next_check = now + self.CHECK_S
+        leader, named = self._named()
+        self.leader = leader
+        if not known_lost(self.store, [leader]):
+            return None
+        alive = set(self.ranks) - set(known_lost(self.store, self.ranks))
+        if successor(leader, alive) != self.rank:
+            return None
+        self._take(leader, named)
+        return leader if self.leader == self.rank else None
+
+    def reclaim(self) -> bool:
+        """A lost rank's new process: where the store still names its rank the leader (its old
+        process led, and nobody has taken over), it leads on, unless another rank takes the
+        lead first (the same compare-and-set). Whether it leads."""
+        leader, named = self._named()
+        self.leader = leader
+        if leader == self.rank:
+            self._take(leader, named)
+        return self.leader == self.rank
+
+
 def marked_spare(store: dist.Store, ranks) -> list[int]:
     """The ranks of `ranks` still marked as spares that have not joined (a subset of
     `known_lost`'s)."""
@@ -167,13 +237,14 @@ class Membership:
         except Exception:  # noqa: BLE001 - the store's errors are not a regroup
             return False
 
-    def regroup(self, cause: BaseException) -> list[int]:
+    def regroup(self, cause: BaseException, grace: float | None = None) -> list[int]:
         """Agree on the survivors (see the module docstring); returns them, the new members.
+        `grace`: how long to wait for a member that has not registered (`self.grace`).
         Raises `cause` if no member was lost, CommError if this rank was left out."""
         self.store.set(self._key(), b"1")
         self.store.set(self._key("alive", self.rank), b"1")
         decided = self._key("members")
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + (self.grace if grace is None else grace)
         while not self.store.check([decided]):
             alive = [r for r in self.members if self.store.check([self._key("alive", r)])]
             missing = [r for r in self.members if r not in alive]
@@ -186,9 +257,11 @@ class Membership:
         alive = json.loads(self.store.get(decided))
         if any(r not in self.members for r in alive):
             # the leader's offer (`offer`) proposed first: its admission is agreed, so this
-            # member admits the joiners, then regroups among the members that makes
+            # member admits the joiners, then regroups among the members that makes — waiting
+            # out a member that admitted and is still making the groups with the lost one
+            # (up to five times `MAKING_S`: gloo's retries)
             self.admit()
-            return self.regroup(cause)
+            return self.regroup(cause, grace=self.grace + 5 * self.MAKING_S)
         if len(alive) == len(self.members):
             raise cause
         if self.rank not in alive:
@@ -197,8 +270,7 @@ class Membership:
                             op="regroup")
         self.lost += [r for r in self.members if r not in alive]
         self.members, self.generation = alive, self.generation + 1
-        if self.leader not in alive:
-            self.leader = alive[0]
+        self.leader = successor(self.leader, alive)
         return alive
 
     def groups(self, making: float | None = None

@@ -25,7 +25,7 @@ Steps 3-6 fail with a CommError when a peer is lost; where the run can go on wit
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
 ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
 over its files (in the asynchronous modes, once `launch` has marked the leader dead:
-`_follow_lead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost rank's new
+`membership.StoreLead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost rank's new
 process (`hetsync worker --join`) enters at a round's end: the leader offers it a place, the
 round's agreement admits it, and it takes the leader's global state, counts and clock
 (`_admit`). In the asynchronous modes it links to the parameter server instead and takes
@@ -55,7 +55,7 @@ from hetsync.runtime import faults, shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
-from hetsync.runtime.membership import shared
+from hetsync.runtime.membership import StoreLead, known_lost, marked_spare, shared
 from hetsync.runtime.plan import RankPlan
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
@@ -160,8 +160,10 @@ class TrainingLoop:
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
         self.store = store
-        # (asynchronous modes: `_follow_lead`; a joiner's, once it has entered)
-        self._leader, self._next_lead_check = (-1 if joining else 0), 0.0
+        #: an asynchronous mode's leader (`membership.StoreLead`; a regrouping mode's is its
+        #: membership's)
+        self._store_lead = (StoreLead(store, rank, self.run_ranks, joining)
+                            if self.path is ControlPath.STORE and store is not None else None)
         # (an asynchronous mode's shards: `_follow_drawers`)
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         self._take_lead()
@@ -172,47 +174,28 @@ class TrainingLoop:
         return self.mode.comm.clock.now()
 
     @property
+    def leader(self) -> int:
+        """Who proposes, evaluates and writes the global model: rank 0, or after it was lost
+        its successor (`membership.successor`)."""
+        if self.membership is not None:
+            return self.membership.leader
+        return self._store_lead.leader if self._store_lead is not None else 0
+
+    @property
     def leads(self) -> bool:
-        """Whether this worker proposes, evaluates and writes the global model: rank 0, or
-        after it was lost the lowest survivor (`runtime/membership.py`, `_follow_lead`)."""
-        return self.rank == (self.membership.leader if self.membership is not None
-                             else self._leader)
-
-    #: the asynchronous modes' leader, once another than rank 0 has taken the lead
-    LEAD = "hetsync/lead"
-
-    def _lead(self) -> tuple[int, bool]:
-        """The asynchronous modes' leader, and whether the store names it (else rank 0)."""
-        if self.store.check([self.LEAD]):
-            return int(self.store.get(self.LEAD)), True
-        return 0, False
+        """Whether this worker is the `leader`."""
+        return self.rank == self.leader
 
     def _follow_lead(self) -> None:
-        """An asynchronous mode (no regroup: each worker talks to the parameter server
-        alone): once `launch` has marked the leader dead in the store, the lowest worker
-        not marked dead leads — evaluates, proposes the stop, writes the global model. It
-        takes the lead by a compare-and-set, so one does however many saw the loss (a lost
-        rank's new process, `_enter_server`, counts as alive again). Asked at most twice a
-        second (three store queries while the leader lives)."""
-        now = time.monotonic()
-        if self.leads or self.store is None or now < self._next_lead_check:
+        """An asynchronous mode: take the lead where the leader was lost and this worker is
+        its successor (`membership.StoreLead.follow`)."""
+        if self._store_lead is None:
             return
-        self._next_lead_check = now + 0.5
-        from hetsync.runtime.membership import known_lost
-
-        leader, named = self._lead()
-        self._leader = leader
-        if not known_lost(self.store, [leader]):
-            return
-        alive = sorted(set(self.run_ranks) - set(known_lost(self.store, self.run_ranks)))
-        if alive[:1] != [self.rank]:
-            return
-        self._leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
-                                                  str(self.rank)))
-        if self.leads:
+        lost = self._store_lead.follow()
+        if lost is not None:
             self._take_lead()
             tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads from here "
-                                       f"(rank {leader} lost)", rank=self.rank, lost=leader)
+                                       f"(rank {lost} lost)", rank=self.rank, lost=lost)
 
     @property
     def run_ranks(self) -> range:
@@ -225,8 +208,6 @@ class TrainingLoop:
         if self.membership is not None:
             return list(self.membership.lost)
         if self.path is ControlPath.STORE and self.store is not None:
-            from hetsync.runtime.membership import known_lost
-
             return sorted(set(known_lost(self.store, self.run_ranks))
                           - set(self.absent_workers()))
         return []
@@ -237,8 +218,6 @@ class TrainingLoop:
         if self.membership is not None:
             return list(self.membership.absent)
         if self.path is ControlPath.STORE and self.store is not None:
-            from hetsync.runtime.membership import marked_spare
-
             return marked_spare(self.store, self.run_ranks)
         return []
 
@@ -496,8 +475,6 @@ class TrainingLoop:
         if not self._claims_shards or now < self._next_drawer_check:
             return
         self._next_drawer_check = now + 0.5
-        from hetsync.runtime.membership import known_lost
-
         store, lost = shared(self.store), set(known_lost(self.store, self.run_ranks))
         mine = shards.held_by(self.rank, [r for r in self.run_ranks if r not in lost],
                               self.run_ranks)
@@ -514,8 +491,6 @@ class TrainingLoop:
         """An asynchronous mode's joiner: its own shard, from where the member that held it
         while it was away got to (or its own records, if nobody published it). False if the
         run stopped first."""
-        from hetsync.runtime.membership import known_lost
-
         store = shared(self.store)
         if not shards.claim_own(store, self._drawer, self.run_ranks, self.cfg.timeout,
                                 lambda r: bool(known_lost(self.store, [r])),
@@ -574,7 +549,7 @@ class TrainingLoop:
         # spares not joined yet, and those below an asynchronous mode's leader (lost, or
         # joined again since: the leader is the lowest of the others)
         restart = set(self.lost_workers()) | set(self.absent_workers()) | set(range(
-            self._leader if self.path is ControlPath.STORE else 0))
+            self.leader if self.path is ControlPath.STORE else 0))
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode, "lost": sorted(restart),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
@@ -763,12 +738,7 @@ class TrainingLoop:
         client.use_link(link)
         if self._claims_shards and not self._claim_own_shard():
             return False
-        leader, named = self._lead()
-        if leader == self.rank:
-            leader = int(self.store.compare_set(self.LEAD, str(leader) if named else "",
-                                                str(self.rank)))
-        self._leader = leader
-        if self.leads:
+        if self._store_lead.reclaim():
             self._take_lead()
             tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads on (no other "
                                        f"worker took the lead while it was lost)",
