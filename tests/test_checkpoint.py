@@ -72,7 +72,7 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tmp_path, da
 
 
 def test_collective_modes_resume_where_every_worker_can():
-    led = {i: {0} for i in (3, 4, 5)}  # (rank 0's files hold the global model)
+    led = {i: {0: float(i)} for i in (3, 4, 5)}  # (rank 0's files hold the global model)
     assert checkpoint.choose([[5, 4], [4, 3]], 0, True, {}, led) == 4
     assert checkpoint.choose([[5, 4], [4, 3]], 1, True, {}, led) == 4
     assert checkpoint.choose([[5, 4], [4, 3]], 0, False, {}, led) == 5
@@ -82,17 +82,17 @@ def test_collective_modes_resume_where_every_worker_can():
 def test_checkpoints_written_after_a_loss_are_complete_without_the_lost_rank():
     # rank 1 was lost after checkpoint 2; 5 and 6 were written by ranks 0 and 2 without it
     per_rank, lost = [[6, 5], [2, 1], [6, 5]], {6: {1}, 5: {1}}
-    holders = {6: {0}, 5: {0}, 2: {0}, 1: {0}}  # (rank 0 led throughout)
+    holders = {i: {0: float(i)} for i in (6, 5, 2, 1)}  # (rank 0 led throughout)
     assert all(checkpoint.choose(per_rank, r, True, lost, holders) == 6 for r in range(3))
     assert checkpoint.choose(per_rank, 1, True, {}, holders) is None  # (not knowing it was lost)
     # rank 2 has no 6 and was not lost: the newest complete one is 5
     assert checkpoint.choose([[6, 5], [2, 1], [5]], 2, True, lost, holders) == 5
     # rank 0 was lost too: 6 is rank 2's, the lowest left, which holds its global model
-    assert checkpoint.reference([[], [2], [6]], True, {6: {0, 1}}, {6: {2}}) == 6
-    assert checkpoint.leader(6, {6: {0, 1}}, {6: {2}}) == 2
-    assert checkpoint.choose([[], [2], [6]], 0, True, {6: {0, 1}}, {6: {2}}) == 6
+    assert checkpoint.reference([[], [2], [6]], True, {6: {0, 1}}, {6: {2: 6.0}}) == 6
+    assert checkpoint.leader(6, {6: {2: 6.0}}) == 2
+    assert checkpoint.choose([[], [2], [6]], 0, True, {6: {0, 1}}, {6: {2: 6.0}}) == 6
     # eager-SGD (no common checkpoint): each its own newest, a lost rank the leader's
-    holders = {7: {0}}  # (rank 0 led: its 7 holds the global model)
+    holders = {7: {0: 7.0}}  # (rank 0 led: its 7 holds the global model)
     assert checkpoint.choose([[7], [3], [8]], 2, False, {7: {1}}, holders) == 8
     assert checkpoint.choose([[7], [3], [8]], 1, False, {7: {1}}, holders) == 7
     # an asynchronous spare that joined after 7 and wrote none yet: the leader's 7 (a
@@ -108,9 +108,9 @@ def test_a_resume_after_rank_0_joined_again_starts_from_the_checkpoint_of_the_ra
     as it did while the leader was taken to be the lowest rank not lost (losing the rounds
     since rank 0 joined again)."""
     per_rank, lost = [[5, 3], [5, 4, 3], [5, 4, 3]], {5: set(), 4: {0}, 3: set()}
-    holders = {5: {1}, 4: {1}, 3: {0}}
+    holders = {5: {1: 5.0}, 4: {1: 4.0}, 3: {0: 3.0}}
     assert checkpoint.reference(per_rank, True, lost, holders) == 5
-    assert checkpoint.leader(5, lost, holders) == 1
+    assert checkpoint.leader(5, holders) == 1
     assert all(checkpoint.choose(per_rank, r, True, lost, holders) == 5 for r in range(3))
 
 
@@ -120,10 +120,23 @@ def test_an_asynchronous_resume_starts_from_a_file_that_holds_the_global_model()
     leader) wrote its own 5 naming itself lost. The resume starts from 4, rank 0's file
     written while it led, not from rank 1's 5."""
     per_rank, lost = [[5, 4], [5, 4], [5, 4]], {5: {0}, 4: set()}
-    holders = {4: {0}}
+    holders = {4: {0: 4.0}}
     assert checkpoint.reference(per_rank, False, lost, holders) == 4
     assert checkpoint.choose(per_rank, 0, False, lost, holders) == 5  # its own newest
 
+
+
+def test_an_asynchronous_resume_starts_from_the_global_model_written_last_whatever_its_number():
+    """Asynchronous ranks number their checkpoints apart: rank 0 led and wrote its 6 (t=60 s),
+    then was lost; rank 1, whose count was behind, took the lead and wrote its 5 (t=80 s).
+    The resume starts from rank 1's 5, the newer global model — not rank 0's 6, the higher
+    number; where two files of one number hold one, the newer leads."""
+    per_rank, lost = [[6, 5], [5, 4], [5, 4]], {6: set(), 5: {0}, 4: set()}
+    holders = {6: {0: 60.0}, 5: {0: 50.0, 1: 80.0}}
+    assert checkpoint.reference(per_rank, False, lost, holders) == 5
+    assert checkpoint.leader(5, holders) == 1
+    assert checkpoint.choose(per_rank, 0, False, lost, holders) == 5  # (lost at 5: restarted)
+    assert checkpoint.choose(per_rank, 2, False, lost, holders) == 5  # (its own newest)
 
 def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(tmp_path):
     def write(rank, index, **extra):
@@ -135,7 +148,7 @@ def test_a_lost_rank_resumes_from_rank_0s_checkpoint_with_its_own_data_position(
     write(1, 1)
     write(0, 3, lost=[1], **{"global": {"w": torch.ones(2)}})
     write(2, 3, lost=[1])
-    assert checkpoint.survey(tmp_path, 0) == {3: {"lost": [1], "global": True}}
+    assert checkpoint.survey(tmp_path, 0) == {3: {"lost": [1], "global": True, "t": 3.0}}
     assert checkpoint.resumable(tmp_path, 3, collective=True)
     state = checkpoint.for_restarted_rank(tmp_path, 3, 1, leader=0, own_newest=1)
     assert (state["round"], state["mode"], state["loop"]) == (30, {"round": 30}, {"t": 3.0})

@@ -134,8 +134,9 @@ def newest(run_dir: Path, rank: int) -> int:
 
 def survey(run_dir: Path, rank: int, stream=None) -> dict[int, dict[str, Any]]:
     """The checkpoints whose file of `rank` loads, newest first, each with the ranks the run
-    had lost when it was written (``lost``) and whether it holds the global model (``global``:
-    `rank` led); each file that does not load is reported."""
+    had lost when it was written (``lost``), whether it holds the global model (``global``:
+    `rank` led) and when, in the run's seconds (``t``); each file that does not load is
+    reported."""
     ok = {}
     for index in indices(run_dir):
         path = file_of(run_dir, index, rank)
@@ -144,7 +145,8 @@ def survey(run_dir: Path, rank: int, stream=None) -> dict[int, dict[str, Any]]:
         try:
             state = load(path)
             ok[index] = {"lost": [int(r) for r in state.get("lost", [])],
-                         "global": "global" in state}
+                         "global": "global" in state,
+                         "t": float(state.get("loop", {}).get("t", 0.0))}
         except CheckpointError as err:
             print(f"rank {rank}: skipping checkpoint {index}: {err}",
                   file=stream or sys.stderr, flush=True)
@@ -156,33 +158,36 @@ def loadable(run_dir: Path, rank: int, stream=None) -> list[int]:
     return list(survey(run_dir, rank, stream))
 
 
-def leader(index: int, lost: dict[int, set[int]], holders: dict[int, set[int]]) -> int | None:
+def leader(index: int, holders: dict[int, dict[int, float]]) -> int | None:
     """The rank that led when checkpoint `index` was written: the one whose file of it holds
-    the global model (`holders_at`) and that was not lost by then (an asynchronous rank
-    lost since may hold an older file of that number). The lead is not recomputed from the
-    ranks lost: a rank 0 that joined again after another took the lead does not lead
-    (`runtime/membership.py`). None: no file of it holds the global model."""
-    led = sorted(set(holders.get(index, ())) - set(lost.get(index, ())))
-    return led[0] if led else None
+    the global model (`holders_at`) — of several, the newest (asynchronous ranks number
+    their files apart: a rank lost since may hold an older file of that number). The lead is
+    not recomputed from the ranks lost: a rank 0 that joined again after another took the
+    lead does not lead (`runtime/membership.py`). None: no file of it holds the global
+    model."""
+    held = holders.get(index, {})
+    return max(sorted(held), key=held.__getitem__) if held else None
 
 
 def reference(per_rank: list[list[int]], collective: bool, lost: dict[int, set[int]],
-              holders: dict[int, set[int]]) -> int | None:
-    """The checkpoint whose global model every process resumes from: the newest that has a
-    `leader` — in a collective mode, the newest that also every worker not lost when it was
-    written (`lost`: index -> ranks) can load. None: there is none."""
-    for index in sorted(set().union(*map(set, per_rank)), reverse=True):
+              holders: dict[int, dict[int, float]]) -> int | None:
+    """The checkpoint whose global model every process resumes from: in a collective mode,
+    the newest that has a `leader` and that every worker not lost when it was written
+    (`lost`: index -> ranks) can load; in an asynchronous one, whose ranks number their
+    files apart, the one whose leader's file was written last. None: there is none."""
+    indices_ = [i for i in sorted(set().union(*map(set, per_rank)), reverse=True)
+                if leader(i, holders) is not None]
+    if not collective:
+        return max(indices_, key=lambda i: holders[i][leader(i, holders)], default=None)
+    for index in indices_:
         gone = lost.get(index, set())
-        if leader(index, lost, holders) is None:
-            continue
-        if not collective or all(index in mine or r in gone
-                                 for r, mine in enumerate(per_rank)):
+        if all(index in mine or r in gone for r, mine in enumerate(per_rank)):
             return index
     return None
 
 
 def choose(per_rank: list[list[int]], rank: int, collective: bool, lost: dict[int, set[int]],
-           holders: dict[int, set[int]]) -> int | None:
+           holders: dict[int, dict[int, float]]) -> int | None:
     """The checkpoint `rank` resumes from: the `reference` in a collective mode (the workers
     must agree on the round), for a rank lost before it and for one that has written none
     yet (a spare that joined since: restarted from it), else its own newest. None: there is
@@ -202,14 +207,14 @@ def lost_at(surveys: list[dict[int, dict]]) -> dict[int, set[int]]:
     return lost
 
 
-def holders_at(surveys: list[dict[int, dict]]) -> dict[int, set[int]]:
-    """Index -> the ranks whose file of it holds the global model (its leader's, where its
-    `reference` may start from), from every worker's `survey`, in rank order."""
-    holders: dict[int, set[int]] = {}
+def holders_at(surveys: list[dict[int, dict]]) -> dict[int, dict[int, float]]:
+    """Index -> {rank: when it was written} of the files of it that hold the global model
+    (its leader's, where its `reference` may start from), from every worker's `survey`."""
+    holders: dict[int, dict[int, float]] = {}
     for rank, mine in enumerate(surveys):
         for index, entry in mine.items():
             if entry["global"]:
-                holders.setdefault(int(index), set()).add(rank)
+                holders.setdefault(int(index), {})[rank] = float(entry.get("t", 0.0))
     return holders
 
 

@@ -505,7 +505,7 @@ def _find_checkpoint(cfg: Config, rank: int, run_dir: Path, is_server: bool,
     # round): they restart from its leader's file
     restarted = sorted(set(lost.get(index, ())) | (
         set() if collective else {r for r in range(cfg.workers) if not lists[r]}))
-    leader = checkpoint.leader(index, lost, holders)
+    leader = checkpoint.leader(index, holders)
     if is_server:
         own = None
     elif rank in restarted:
