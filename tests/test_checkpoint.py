@@ -230,7 +230,8 @@ def test_resume_is_suggested_only_where_every_worker_has_a_checkpoint(tmp_path):
 
 def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
     path = tmp_path / "worker-0.jsonl"
-    path.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 6)) + '{"round": 6, "tr')
+    path.write_text("".join(json.dumps({"round": r}) + "\n" for r in range(1, 6))
+                    + '{"round": 6, "tr')
     assert checkpoint.cut_jsonl(path, lambda r: r["round"] <= 3) == 3
     assert [json.loads(line)["round"] for line in path.read_text().splitlines()] == [1, 2, 3]
 

@@ -33,8 +33,9 @@ theirs. A collective mode resumes from the newest checkpoint that every worker i
 by then can load; a rank lost before it (rank 0 too; eager-SGD's too) is restarted in it
 (`for_restarted_rank`): the round, loop counters and what the mode's workers hold in common
 (`Mode.restart_state`: the global weights and the outer optimizer, not the peer's own step
-times or control variates) of the checkpoint's leader (the rank whose file holds its global model, `leader`), a fresh
-local optimizer, and the data position where its records written before the checkpoint end
+times or control variates) of the checkpoint's leader (the rank whose file holds its global
+model, `leader`), a fresh local optimizer, and the data position where its records written
+before the checkpoint end
 (their work is in the global model; those records are kept, any later ones dropped). In an
 asynchronous mode, whose workers count their own rounds, it counts on from its own last kept
 record, not from the leader's count. The restarted rank reads the leader's file, so the run

@@ -25,11 +25,11 @@ Steps 3-6 fail with a CommError when a peer is lost; where the run can go on wit
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
 ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
 over its files (in the asynchronous modes, once `launch` has marked the leader dead:
-`membership.StoreLead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost rank's new
-process (`hetsync worker --join`) enters at a round's end: the leader offers it a place, the
-round's agreement admits it, and it takes the leader's global state, counts and clock
-(`_admit`). In the asynchronous modes it links to the parameter server instead and takes
-the server's model (`_enter_server`).
+`membership.StoreLead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost
+rank's new process (`hetsync worker --join`) enters at a round's end: the leader offers it a
+place, the round's agreement admits it, and it takes the leader's global state, counts and
+clock (`_admit`). In the asynchronous modes it links to the parameter server instead and
+takes the server's model (`_enter_server`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers, queries
