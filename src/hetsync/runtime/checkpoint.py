@@ -176,11 +176,11 @@ def reference(per_rank: list[list[int]], collective: bool, lost: dict[int, set[i
     the newest that has a `leader` and that every worker not lost when it was written
     (`lost`: index -> ranks) can load; in an asynchronous one, whose ranks number their
     files apart, the one whose leader's file was written last. None: there is none."""
-    indices_ = [i for i in sorted(set().union(*map(set, per_rank)), reverse=True)
-                if leader(i, holders) is not None]
-    if not collective:
-        return max(indices_, key=lambda i: holders[i][leader(i, holders)], default=None)
-    for index in indices_:
+    held = [i for i in sorted(set().union(*map(set, per_rank)), reverse=True)
+            if holders.get(i)]
+    if not collective:  # (its leader's file is the newest of its number: `leader`)
+        return max(held, key=lambda i: max(holders[i].values()), default=None)
+    for index in held:
         gone = lost.get(index, set())
         if all(index in mine or r in gone for r, mine in enumerate(per_rank)):
             return index
