@@ -43,6 +43,11 @@ def test_collective_costs_follow_their_message_patterns():
     assert all_reduce_seconds("binary-blocks", 4, S, LINK) == pytest.approx(
         4 * 20e-6 + 2 * 3 / 4 * S / beta)
     assert all_reduce_seconds("star", 4, S, LINK) == pytest.approx(2 * 20e-6 + 6 * S / beta)
+    # the parameter server, a rank of its own: 4 vectors in and 4 sums out through its link,
+    # and its work on each byte of them
+    assert all_reduce_seconds("ps", 4, S, LINK) == pytest.approx(2 * 20e-6 + 8 * S / beta)
+    assert all_reduce_seconds("ps", 4, S, LINK, server_s_per_byte=1e-9) == pytest.approx(
+        2 * 20e-6 + 8 * S / beta + 8 * S * 1e-9)
     assert broadcast_seconds(5, S, LINK) == pytest.approx(3 * (20e-6 + S / beta))
     assert all_reduce_seconds("ring", 1, S, LINK) == 0.0
     # 100x less bandwidth: the transfer term 100x, the latency the same
@@ -202,16 +207,20 @@ def _records(run_dir: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
 
-def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round(tmp_path):
-    run_dir = _run(tmp_path, "sync", mode="sync")
+@pytest.mark.parametrize("collective,server_work", [("native", 0.0), ("ps", 0.01)])
+def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round(
+        tmp_path, collective, server_work):
+    run_dir = _run(tmp_path, "sync", mode="sync", collective=collective,
+                   server_work=server_work)
     records = {r: _records(run_dir, f"worker-{r}.jsonl") for r in range(4)}
     rounds = len(records[0])
     assert rounds >= 10 and all(len(records[r]) == rounds for r in range(4))
-    # the slowest device waits for nobody: its sum costs the ring's formula for the
-    # gradient, a count and the loop's four-float agreement that rides on it
+    # the slowest device waits for nobody: its sum costs its collective's formula for the
+    # gradient, a count and the loop's four-float agreement that rides on it (over `ps`,
+    # the server's work of `server_work` s per MB on each byte in and out too)
     cfg = Config(**VIRTUAL)
     numel = sum(p.numel() for p in cfg.build_model(cfg.load_data()).parameters())
-    cost = all_reduce_seconds("native", 4, (numel + 1 + 4) * 4, LINK)
+    cost = all_reduce_seconds(collective, 4, (numel + 1 + 4) * 4, LINK, server_work / 1e6)
     for k in range(rounds):
         ends = {records[r][k]["t_end"] for r in range(4)}
         assert max(ends) - min(ends) < 1e-9  # every worker leaves the sum together

@@ -468,7 +468,7 @@ class Config:
         if self.clock == "wall":
             return WallClock()
         return VirtualClock(Link(self.link_latency, parse_rate(self.link_bandwidth)),
-                            timeout=self.timeout)
+                            timeout=self.timeout, server_s_per_byte=self.server_work / 1e6)
 
     def virtual_clock_gap(self) -> str | None:
         """What of this run the virtual clock does not time yet (None: it times all of it)."""

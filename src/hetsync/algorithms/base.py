@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 import torch.distributed as dist
 
-from hetsync.clock import VirtualClock, WallClock, all_reduce_seconds, broadcast_seconds
+from hetsync.clock import VirtualClock, WallClock, broadcast_seconds
 
 #: the floats of the loop's proposal (`runtime/control.py`'s `Proposal`) that ride at the end
 #: of a mode's sum (`Mode.sum_with_proposal`), which a parameter server's sum must have room for
@@ -154,17 +154,18 @@ class CommContext:
             return buffer
         with self.clock.phase("comm"):
             summed = self.reduce(buffer, self.group)
-            self._meet(all_reduce_seconds, self.collective, buffer)
+            self._meet(buffer, self.collective)
             return summed
 
-    def _meet(self, cost, algorithm: str | None, buffer: torch.Tensor) -> None:
+    def _meet(self, buffer: torch.Tensor, algorithm: str | None) -> None:
         """On a virtual clock: a blocking collective of `buffer` over the group is also a
-        meeting of the members' clocks (`hetsync.clock`), priced by `cost`."""
+        meeting of the members' clocks (`hetsync.clock`), priced as a sum by `algorithm`, or
+        as a broadcast (None)."""
         source = self.clock.source
         if source.virtual:
             nbytes = buffer.numel() * buffer.element_size()
-            seconds = (cost(self.workers, nbytes, source.link) if algorithm is None
-                       else cost(algorithm, self.workers, nbytes, source.link))
+            seconds = (broadcast_seconds(self.workers, nbytes, source.link) if algorithm is None
+                       else source.all_reduce_seconds(algorithm, self.workers, nbytes))
             source.meet(self.group, seconds, self.wire_device)
 
     def barrier(self, buffer: torch.Tensor | None = None, phase: str = "wait") -> torch.Tensor:
@@ -181,7 +182,7 @@ class CommContext:
         algorithm = "star" if self.collective == "star" else "butterfly"
         with self.clock.phase(phase):
             all_reduce(on_wire, algorithm=algorithm, group=self.group, timeout=self.timeout)
-            self._meet(all_reduce_seconds, algorithm, on_wire)
+            self._meet(on_wire, algorithm)
         return on_wire.cpu()
 
     def start_all_reduce(self, buffer: torch.Tensor, what: str):
@@ -199,8 +200,8 @@ class CommContext:
         if not source.virtual:
             return self.channel.submit(lambda group: self.reduce(buffer, group), what)
         sent = source.now()
-        seconds = all_reduce_seconds(self.collective, self.workers,
-                                     buffer.numel() * buffer.element_size(), source.link)
+        seconds = source.all_reduce_seconds(self.collective, self.workers,
+                                            buffer.numel() * buffer.element_size())
         return source.background(self.channel.submit(
             lambda group: (self.reduce(buffer, group),
                            source.job_end(group, sent, seconds, self.wire_device)), what))
@@ -225,7 +226,7 @@ class CommContext:
         on_wire = tensor.to(self.wire_device)
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast(on_wire, src=src, group=self.group)
-        self._meet(broadcast_seconds, None, on_wire)
+        self._meet(on_wire, None)
         return on_wire.to(tensor.device)
 
     #: the most elements one broadcast of `broadcast_state` carries (16 MB of float32)

@@ -51,7 +51,6 @@ import torch
 
 from hetsync.algorithms.base import Action, Mode, Step
 from hetsync.algorithms.registry import ModeSpec, register
-from hetsync.clock import all_reduce_seconds
 
 _DDP_API = "torch.nn.parallel.DistributedDataParallel"
 
@@ -90,7 +89,7 @@ class _SlowdownHook:
                 fut.wait()
                 source = comm.clock.source
                 if source.virtual:  # (the clocks met at the barrier: the same cost for all)
-                    source.spend(all_reduce_seconds("native", comm.workers, nbytes, source.link))
+                    source.spend(source.all_reduce_seconds("native", comm.workers, nbytes))
             _meter_ring(buffer.numel(), comm.workers, buffer.element_size())
         return fut
 
@@ -200,8 +199,8 @@ class PostLocalSGD(DistributedDataParallelSGD):
         if action is Action.AVERAGE_MODELS:  # the optimizer averages the parameters
             with self.comm.clock.phase("comm"):
                 self.optimizer.step()
-                self.comm._meet(all_reduce_seconds, "native",
-                                torch.empty(self.n_params, dtype=torch.float32, device="meta"))
+                self.comm._meet(torch.empty(self.n_params, dtype=torch.float32, device="meta"),
+                                "native")
             _meter_ring(self.n_params, self.comm.workers)
         else:
             self.optimizer.step()

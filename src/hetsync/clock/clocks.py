@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .network import Link
+from .network import Link, all_reduce_seconds
 
 
 class WallClock:
@@ -73,9 +73,12 @@ class VirtualClock:
     kind = "virtual"
     virtual = True
 
-    def __init__(self, link: Link | None = None, timeout: float = 120.0):
+    def __init__(self, link: Link | None = None, timeout: float = 120.0,
+                 server_s_per_byte: float = 0.0):
         self.link = link or Link()
         self.timeout = timeout
+        #: the parameter server's work per byte it receives or sends (`--server-work`)
+        self.server_s_per_byte = server_s_per_byte
         self._t = 0.0
         #: when the background channel's last job ended (its thread's alone)
         self._channel_free = 0.0
@@ -104,6 +107,10 @@ class VirtualClock:
         work = dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group, async_op=True)
         work.wait(timeout=datetime.timedelta(seconds=self.timeout))
         return float(times.item())
+
+    def all_reduce_seconds(self, algorithm: str, workers: int, nbytes: float) -> float:
+        """What a sum of `nbytes` over `workers` costs on this clock's link (and server)."""
+        return all_reduce_seconds(algorithm, workers, nbytes, self.link, self.server_s_per_byte)
 
     def meet(self, group, seconds: float, device: torch.device | None = None) -> None:
         """A blocking collective over `group` that costs `seconds` on the links: every

@@ -16,7 +16,10 @@ algorithm          seconds to sum S bytes over P workers (p' = largest power of 
 ``binary-blocks``  2 log2(p') α + 2 (p' − 1)/p' · S/β, plus the fold's 2 (α + S/β)
 ``star``           2 α + 2 (P − 1) S/β: the first worker receives P − 1 vectors, then sends
                    P − 1 sums, all through its own link
-``ps``             as ``star``, the parameter server in the first worker's place
+``ps``             2 α + 2 P · S/β + 2 P · S · w: the parameter server (a rank of its own)
+                   receives P vectors and sends P sums through its link, and works w
+                   seconds per byte of each (``--server-work``, as it does for the
+                   asynchronous modes' requests; 0 by default)
 =================  =====================================================================
 
 A broadcast is a binomial tree: ⌈log2 P⌉ (α + S/β). Computation inside a collective (the
@@ -98,8 +101,10 @@ def _fold(workers: int) -> tuple[int, int]:
     return power, power != workers
 
 
-def all_reduce_seconds(algorithm: str, workers: int, nbytes: float, link: Link) -> float:
-    """Seconds for `workers` to sum `nbytes` each with `algorithm` (the module's table)."""
+def all_reduce_seconds(algorithm: str, workers: int, nbytes: float, link: Link,
+                       server_s_per_byte: float = 0.0) -> float:
+    """Seconds for `workers` to sum `nbytes` each with `algorithm` (the module's table);
+    `server_s_per_byte`: the parameter server's work (``ps`` only)."""
     if workers <= 1:
         return 0.0
     alpha, per_byte = link.latency_s, 1.0 / link.bytes_per_s
@@ -113,8 +118,10 @@ def all_reduce_seconds(algorithm: str, workers: int, nbytes: float, link: Link) 
         power, folded = _fold(workers)
         steps = 2 * math.log2(power) * alpha + 2 * (power - 1) / power * nbytes * per_byte
         return steps + (2 * whole if folded else 0.0)
-    if algorithm in ("star", "ps"):
+    if algorithm == "star":
         return 2 * alpha + 2 * (workers - 1) * nbytes * per_byte
+    if algorithm == "ps":
+        return 2 * alpha + 2 * workers * nbytes * (per_byte + server_s_per_byte)
     raise ValueError(f"the virtual clock has no cost for all-reduce {algorithm!r}")
 
 

@@ -243,8 +243,6 @@ class PartialAllReduce:
             raise
 
     def _rounds(self, view: GroupView, group) -> int:
-        from hetsync.clock import all_reduce_seconds
-
         from .collectives import all_reduce
 
         final = False
@@ -268,9 +266,8 @@ class PartialAllReduce:
             with self._cond:  # (a round that carried no gradient has nothing to apply)
                 self._results.append((r, buf[:self.numel] / divisor if fresh > 0 else None))
                 if start is not None:
-                    self._round_end = start + all_reduce_seconds(
-                        self.collective, view.size, buf.numel() * buf.element_size(),
-                        self.clock.link)
+                    self._round_end = start + self.clock.all_reduce_seconds(
+                        self.collective, view.size, buf.numel() * buf.element_size())
                     if through > self._included:
                         self._carried.append((through, self._round_end))
                 self._included = max(self._included, through)

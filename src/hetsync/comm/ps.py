@@ -24,7 +24,8 @@ Three uses:
   sends nothing before its last reply reached it), so the order of pushes (staleness, a
   buffer's contents) is the virtual clock's, not the real machine's; each reply carries when
   it reaches its worker, after the server's own work on the requests before it
-  (``work_s_per_byte``; 0: free).
+  (``work_s_per_byte``; 0: free). A sum's parts are taken as they come (the workers' clocks
+  meet after it, at the price ``hetsync.clock.network`` gives ``ps``).
 
 Example (3 ranks: workers 0, 1; server 2)::
 
@@ -442,12 +443,22 @@ class ParameterServer:
                 # no open worker can still send one that arrives before it (conservative: a
                 # worker sends no request before its last reply reached it, nor before its
                 # last request; `earliest`), so the order does not depend on the real one.
+                # A sum's part is taken as it comes: the sum does not depend on the order of
+                # its parts (added in rank order), the workers' clocks meet after it at the
+                # collective's price, and its sender sends nothing until the sum reaches it.
                 arrival = self.link.message_seconds(HEADER_BYTES + header.payload_bytes)
-                held[src] = (arrival + header.time, header, payload)
-                earliest[src] = max(earliest[src], held[src][0])
+                earliest[src] = max(earliest[src], arrival + header.time)
+                if header.op == Op.SUM:
+                    busy_from = time.perf_counter()
+                    said_bye = handle(src, header, payload) or said_bye
+                    self.stats.busy_s += time.perf_counter() - busy_from
+                else:
+                    held[src] = (arrival + header.time, header, payload)
+                summing = {w for parts in rounds.values() for w in parts}
                 while held:
                     first = min(held, key=lambda w: (held[w][0], w))
-                    others = [(earliest[w], w) for w in open_workers if w not in held]
+                    others = [(earliest[w], w) for w in open_workers
+                              if w not in held and w not in summing]
                     if others and min(others) < (held[first][0], first):
                         break  # one of them may yet send an earlier request
                     _, header, payload = held.pop(first)
