@@ -1,6 +1,7 @@
 """Fitting emulated devices into the cores: the demand rule, the scale, the placement, and
 what `hetsync launch` says about them (pure rules; no timings)."""
 
+import json
 import subprocess
 import sys
 
@@ -99,6 +100,15 @@ def test_a_given_reference_step_is_per_batch_and_says_the_speeds_it_gives():
     _, line = em.with_reference_step(balanced, split=None)
     assert line.endswith("nominal speeds 10,667 / 5,333 samples per second of computing")
     assert em.with_reference_step(Config(), split=None) == (Config(), None)  # no emulation
+    assert same.resolved == {}  # (given, not resolved)
+
+
+def test_a_measured_reference_step_is_recorded_as_resolved_not_asked():
+    cfg = Config(dataset="synthetic", network="mlp", workers=2, slowdowns=(1.0, 2.0))
+    measured, line = em.with_reference_step(cfg, cfg.load_data())
+    assert measured.step_work > 0 and "measured here" in line
+    assert measured.resolved["step_work"]["asked"] is None
+    assert "median step of mlp at batch 64" in measured.resolved["step_work"]["how"]
 
 
 def _launch(*argv):
@@ -109,6 +119,9 @@ def test_launch_fits_its_cluster_into_the_cores_it_is_given():
     cfg, fitted = _launch("--slowdowns", "1,2,4,8", "--cores", "2")
     assert cfg.speed_scale == pytest.approx(2.5) and fitted.scale == pytest.approx(2.5)
     assert cfg.slowdown_of(0) == pytest.approx(2.5) and cfg.slowdowns == (1, 2, 4, 8)
+    # what launch chose is recorded beside what was asked (the default), and why
+    assert cfg.resolved["speed_scale"] == {"asked": 1.0, "how": fitted.describe()}
+    assert Config.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     cfg, fitted = _launch("--slowdowns", "1,2,4,8", "--cores", "2", "--oversubscribe", "1")
     assert cfg.speed_scale == 1 and fitted.oversubscribed
     # -m local: the whole cluster is fitted, then its fastest device runs alone
@@ -116,7 +129,7 @@ def test_launch_fits_its_cluster_into_the_cores_it_is_given():
     assert cfg.workers == 1 and cfg.slowdown_of(0) == pytest.approx(2.5)
     # a scale the user gave is kept, and refused where the devices would not fit
     cfg, fitted = _launch("--slowdowns", "1,2,4,8", "--cores", "2", "--speed-scale", "3")
-    assert cfg.speed_scale == 3 and fitted is None
+    assert cfg.speed_scale == 3 and fitted is None and cfg.resolved == {}
     with pytest.raises(ConfigError, match="--speed-scale: invalid value 2; .* at least 2.5"):
         _launch("--slowdowns", "1,2,4,8", "--cores", "2", "--speed-scale", "2")
 

@@ -252,6 +252,18 @@ class Config:
         "help": "MODULE[,MODULE...]: import these modules first (they register modes)"})
     #: The mode's own options (field name -> value, only those set): see `mode_options`.
     options: dict[str, Any] = field(default_factory=dict, metadata={"flags": ()})
+    #: What launch, bench or the workers chose for a field the user did not give, beside
+    #: it (`with_resolved`; not a flag): field name -> {"asked": the value before, "how"}
+    resolved: dict[str, Any] = field(default_factory=dict, metadata={"flags": ()})
+
+    def with_resolved(self, name: str, value: Any, how: str) -> "Config":
+        """This config with field `name` set to `value`, chosen by hetsync (a fit, a
+        measurement) where the user gave none, and recorded as such in `resolved`: the value
+        asked for (the default) and `how` it was chosen."""
+        asked = getattr(self, name)
+        return dataclasses.replace(self, **{name: value}, resolved={
+            **self.resolved, name: {"asked": list(asked) if isinstance(asked, tuple) else asked,
+                                    "how": how}})
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -823,7 +835,7 @@ class Config:
         d["slowdowns"], d["plugins"] = list(self.slowdowns), list(self.plugins)
         d["step_overheads"] = list(self.step_overheads)
         d["device_speeds"] = list(self.device_speeds)
-        d["options"] = dict(self.options)
+        d["options"], d["resolved"] = dict(self.options), dict(self.resolved)
         return d
 
     @classmethod
@@ -842,9 +854,9 @@ class Config:
             if isinstance(data.get(key), list):
                 data[key] = tuple(float(x) if key != "plugins" and is_a(x, float) else x
                                   for x in data[key])
-        if not isinstance(data.get("options", {}), dict):
-            raise ConfigError(f"config key 'options' must be an object, got "
-                              f"{data['options']!r}")
+        for key in ("options", "resolved"):
+            if not isinstance(data.get(key, {}), dict):
+                raise ConfigError(f"config key {key!r} must be an object, got {data[key]!r}")
         cfg = cls(**data)
         check_types(cfg)
         return cfg

@@ -328,7 +328,7 @@ def fitted_base(base: Config, split, given_scale: bool) -> tuple[Config, list[st
 #: what a virtual run's records do not depend on: where it is written, the servers' ports,
 #: how long a process waits for a dead peer; and, for one device, the links it never crosses
 _NOT_THE_RUN = ("log_dir", "run_name", "service_ip", "service_port", "timeout", "cores",
-                "live_report")
+                "live_report", "resolved")
 # (one device crosses no link, and its batch is -b with --balanced-batches or without)
 _ONE_DEVICE = ("link_bandwidth", "link_latency", "collective", "balanced_batches")
 

@@ -164,8 +164,6 @@ def fit_config(cfg: Config, given_scale: bool) -> tuple[Config, DeviceFit | None
     where there is nothing to fit: no emulated devices (no `--slowdowns`: real devices, at
     whatever speed the machine gives them), GPU devices, or a scale the user gave
     (`given_scale`; refused when it does not fit, unless `--oversubscribe 1`)."""
-    import dataclasses
-
     if (not cfg.slowdowns or (cfg.gpu >= 0 and not cfg.cpu) or not _fittable(cfg)
             or cfg.clock == "virtual"):  # (nothing sleeps: the devices share no cores)
         return cfg, None
@@ -180,7 +178,7 @@ def fit_config(cfg: Config, given_scale: bool) -> tuple[Config, DeviceFit | None
                 f"(or --oversubscribe 1)")
         return cfg, None
     result = fit(cfg.slowdowns, cfg.threads, cfg.cores, cfg.oversubscribe)
-    return dataclasses.replace(cfg, speed_scale=result.scale), result
+    return cfg.with_resolved("speed_scale", result.scale, result.describe()), result
 
 
 def _fittable(cfg: Config) -> bool:
@@ -224,8 +222,6 @@ def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
     """`cfg` with the reference step measured here (`measure_step_work`) where its devices are
     emulated and no `--step-work` was given, and a line saying what it was, measured or
     `given`, and the devices' nominal speeds (None: no `--slowdowns`)."""
-    import dataclasses
-
     if not cfg.slowdowns and cfg.clock == "wall":
         return cfg, None
     how = given
@@ -233,8 +229,10 @@ def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
         from hetsync.runtime import forked
 
         forked.ready()  # (measured beside the warm parent's imports, it came out 20-40 % slower)
-        cfg = dataclasses.replace(cfg, step_work=measure_step_work(cfg, split))
         how = f"on {cfg.threads} thread(s), measured here"
+        cfg = cfg.with_resolved("step_work", measure_step_work(cfg, split),
+                                f"the median step of {cfg.network} at batch {cfg.batch_size} "
+                                f"{how}")
     # a given step is per -b samples: the same value at another -b is another speed
     speeds = " / ".join(f"{nominal_speed_of(cfg, r):,.0f}" for r in range(cfg.workers))
     return cfg, (f"reference step: {1000 * cfg.step_work:.2f} ms of {cfg.network} at batch "

@@ -135,13 +135,16 @@ def measured_speeds(cfg: Config, rank: int, world: int, device: torch.device,
         except (OSError, ValueError, KeyError):
             saved = {}
         if saved.get("device_speeds"):
-            return dataclasses.replace(cfg, device_speeds=tuple(saved["device_speeds"]))
+            return cfg.with_resolved("device_speeds", tuple(saved["device_speeds"]),
+                                     "the resumed run's, as its workers measured them")
     times = torch.zeros(world, dtype=torch.float64)
     if rank < cfg.workers:
         times[rank] = measure_step_work(cfg, cfg.load_data(), steps=20, warmup=3, seconds=3.0)
     dist.all_reduce(times)
     work = times[:cfg.workers].tolist()
-    return dataclasses.replace(cfg, device_speeds=tuple(min(work) / t for t in work))
+    return cfg.with_resolved("device_speeds", tuple(min(work) / t for t in work),
+                             "each worker's median step at -b, measured on its device at "
+                             "the start: the fastest's over its own")
 
 
 def _elastic_store(world: int, timeout: datetime.timedelta):
