@@ -32,7 +32,9 @@ def _results() -> dict[str, list[Path]]:
 
 
 def _cited(name: str, pages: list[Path]) -> bool:
-    pattern = re.compile(rf"results/{re.escape(name)}(\.|/|\b)|\]\({re.escape(name)}(\.|/)")
+    # (a link, a path, or a name in backticks: `NAME.md`, `NAME{,-60s}.md`)
+    pattern = re.compile(rf"results/{re.escape(name)}(\.|/|\b)|\]\({re.escape(name)}(\.|/)"
+                         rf"|`{re.escape(name)}[.{{/]")
     return any(pattern.search(p.read_text()) for p in pages if p.exists())
 
 
