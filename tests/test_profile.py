@@ -166,10 +166,47 @@ def test_probe_measures_emulated_devices_into_a_profile_a_virtual_run_takes(tmp_
     assert json.loads((run_dir / "run.json").read_text())["train_time"] >= 0.3
 
 
+USER_MODEL = """
+import torch.nn as nn
+
+
+def make(input_shape, num_classes):
+    c, h, w = input_shape
+    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 32), nn.ReLU(),
+                         nn.Linear(32, num_classes))
+"""
+
+
+def test_probe_measures_the_users_own_model_and_a_virtual_run_trains_it(tmp_path, monkeypatch):
+    """`-n MODULE:FACTORY`: the user's own nn.Module factory, imported by every process."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "usernet.py").write_text(USER_MODEL)
+    out = tmp_path / "probed.json"
+    done = subprocess.run([sys.executable, "-m", "hetsync", "probe", "--workers", "2",
+                           "-n", "usernet:make", "--batch-sizes", "8,32", "--seconds", "0.3",
+                           "-o", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(code)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usernet:make on fashion-mnist" in done.stdout
+    profile = load(out)
+    assert profile.model == "usernet:make" and len(profile.devices) == 2
+    monkeypatch.syspath_prepend(str(code))  # (launch's processes take this sys.path)
+    cfg = Config(mode="sync", network="usernet:make", profile=str(out), time_budget=0.5,
+                 epochs=None, eval_interval=0.5, log_dir=str(tmp_path / "runs"),
+                 run_name="mine").with_profile({"profile"})
+    run_dir = launch(cfg, show_progress=False, figures=False, stream=open(os.devnull, "w"))
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals[-1]["test_acc"] > 0.5  # (10 classes: it learnt)
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--slowdowns", "1,2"], "--slowdowns: invalid value 1.0,2.0; expected 1 factors"),
     (["--batch-sizes", "0,8"], "--batch-sizes: invalid value '0,8'"),
     (["-n", "nonet"], "-n/--network: invalid value 'nonet'"),
+    (["-n", "nosuchmodule:make"], "-n/--network: model 'nosuchmodule:make': cannot import "
+                                  "module 'nosuchmodule'"),
+    (["-n", "json:no_such_factory"], "module 'json' has no function 'no_such_factory'"),
     (["-o", "/no/such/folder/p.json"], "-o/--out: invalid value"),
 ])
 def test_probes_bad_flags_are_one_line(argv, needle):

@@ -59,7 +59,9 @@ class Config:
     mode: str = field(default="esync", metadata={"flags": ("-m", "--mode"),
                       "help": "synchronisation scheme: {modes}"})
     network: str = field(default="lenet", metadata={"flags": ("-n", "--network"),
-                         "help": "model name (see `hetsync models`)"})
+                         "help": "model name (see `hetsync models`), or MODULE:FACTORY, your "
+                                 "own: FACTORY(input_shape, num_classes) returns an nn.Module "
+                                 "(MODULE importable by every process)"})
     dataset: str = field(default="fashion-mnist", metadata={"flags": ("--dataset",),
                          "help": f"data set: {', '.join(DATASETS)}"})
     data_dir: str | None = field(default=None, metadata={"flags": ("-dd", "--data-dir"),
@@ -532,7 +534,7 @@ class Config:
 
     def validate(self) -> "Config":
         """Check every field; raise ConfigError naming the flag, the value and what is valid."""
-        from hetsync.models import MODEL_NAMES  # local import: models import torch
+        from hetsync.models import available_models  # local import: models import torch
 
         def bad(name: str, valid: str) -> ConfigError:
             return invalid_option(self, name, valid)
@@ -540,8 +542,16 @@ class Config:
         check_types(self)
         spec = self.spec
         self.mode_options()
-        if self.network not in MODEL_NAMES:
-            raise bad("network", f"one of {', '.join(MODEL_NAMES)}")
+        if ":" in self.network:  # the user's own MODULE:FACTORY
+            from hetsync.models import get_spec
+
+            try:
+                get_spec(self.network)
+            except ValueError as err:
+                raise ConfigError(f"-n/--network: {err}") from None
+        elif self.network not in available_models():  # (the zoo's, and any a plugin added)
+            raise bad("network", f"one of {', '.join(available_models())}, or MODULE:FACTORY "
+                                 f"(a function of yours returning an nn.Module)")
         if self.dataset not in DATASETS:
             raise bad("dataset", f"one of {', '.join(DATASETS)}")
         self._check_model(bad)

@@ -374,7 +374,9 @@ def run(opts: ProbeOptions, workers: int) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--network", default="lenet", help="the zoo's model (hetsync models)")
+    p.add_argument("-n", "--network", default="lenet",
+                   help="the zoo's model (hetsync models), or MODULE:FACTORY, your own: "
+                        "FACTORY(input_shape, num_classes) returns an nn.Module")
     p.add_argument("--dataset", default="fashion-mnist", help="its data set")
     p.add_argument("--data-dir", default=None, help="where the data set is")
     p.add_argument("--batch-sizes", type=_batches, default=(16, 32, 64),

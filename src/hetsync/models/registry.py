@@ -76,13 +76,45 @@ def available_models() -> tuple[str, ...]:
 
 
 def get_spec(name: str) -> ModelSpec:
-    """The `ModelSpec` registered under ``name``; unknown names raise ``ValueError``."""
+    """The `ModelSpec` registered under ``name``, or of the user's own factory when ``name`` is
+    ``MODULE:FACTORY`` (`from_factory`); unknown names raise ``ValueError``."""
     spec = _REGISTRY.get(name) if isinstance(name, str) else None
+    if spec is None and isinstance(name, str) and ":" in name:
+        spec = from_factory(name)
     if spec is None:
         raise ValueError(
-            f"unknown model {name!r}; known models: {', '.join(available_models())}"
+            f"unknown model {name!r}; known models: {', '.join(available_models())}, or "
+            f"MODULE:FACTORY (a function of yours: FACTORY(input_shape, num_classes) -> "
+            f"nn.Module)"
         )
     return spec
+
+
+def from_factory(name: str) -> ModelSpec:
+    """Register the user's own model, ``MODULE:FACTORY``: ``FACTORY(input_shape,
+    num_classes) -> nn.Module`` in a module on the Python path or in the current folder
+    (every process of a run imports it, as it imports `--plugin` modules). It reads images, (C, H, W), unless the factory says
+    ``FACTORY.inputs = "tokens"`` (then ``(context,)``, the vocabulary, and the size options
+    as keywords). ``ValueError`` naming the module or the factory when either is missing."""
+    import importlib
+    import os
+    import sys
+
+    module, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # (as `python -m` has it; the `hetsync` script has not)
+    try:
+        found = importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's module: say what it raised
+        raise ValueError(f"model {name!r}: cannot import module {module!r} ({type(err).__name__}: "
+                         f"{err}); expected MODULE:FACTORY with MODULE on the Python path"
+                         ) from None
+    factory = getattr(found, attr, None)
+    if not callable(factory):
+        raise ValueError(f"model {name!r}: module {module!r} has no function {attr!r}; expected "
+                         f"FACTORY(input_shape, num_classes) -> nn.Module")
+    register(name, inputs=getattr(factory, "inputs", "image"))(factory)
+    return _REGISTRY[name]
 
 
 def _is_int(value: object) -> bool:
@@ -138,7 +170,11 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10,
         return spec.builder(shape, num_classes, **options)
     if options:
         raise ValueError(f"model {name!r} takes no options, got {', '.join(options)}")
-    return spec.builder(validate_input_shape(input_shape, spec.min_size), num_classes)
+    model = spec.builder(validate_input_shape(input_shape, spec.min_size), num_classes)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {name!r}: its builder returned {type(model).__name__}, not a "
+                         f"torch.nn.Module")
+    return model
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
