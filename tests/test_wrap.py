@@ -274,6 +274,26 @@ def test_the_wrapper_is_an_optimizer_that_schedulers_and_state_dicts_accept():
         opt.step()
 
 
+def test_sgd_momentum_under_an_outer_nesterov_step_is_warned_of_once(monkeypatch):
+    """esync-outer's outer Nesterov (0.9 at global_lr 0.7) over SGD momentum 0.9: a round of
+    one step moves up to 70x the rate (a 2-worker run of it stayed at chance)."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    model = _model()
+    with pytest.warns(UserWarning) as caught:
+        hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                     mode="esync-outer").finish()
+    (warning,) = [w for w in caught if "compounds" in str(w.message)]
+    assert "momentum 0.9 compounds with its outer Nesterov momentum 0.9 at global_lr 0.7" in \
+        str(warning.message) and "70x" in str(warning.message)
+    assert warning.filename == __file__  # (it points at the user's line)
+    with warnings.catch_warnings():  # no momentum, no outer momentum, or a rate that fits it
+        warnings.simplefilter("error")
+        for mode, momentum, options in (("esync-outer", 0.0, {}), ("esync", 0.9, {}),
+                                        ("esync-outer", 0.9, {"outer_momentum": 0.0})):
+            hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                         model, mode=mode, **options).finish()
+
+
 def test_a_script_run_without_torchrun_is_told_it_trains_alone(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     model = _model()

@@ -124,6 +124,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer  # (before Optimizer's state: the properties read it)
         self.__setstate__({"defaults": optimizer.defaults})  # hooks, as Optimizer.__init__
         spec.worker.check_optimizer(optimizer)
+        _warn_of_compounded_momentum(spec, opts, optimizer)
         server = spec.needs_parameter_server(collective)
         if server:
             ps_rank = parameter_server_rank() if ps_rank is None else ps_rank
@@ -694,6 +695,27 @@ def _workers_group(group, ps_rank: int | None):
 
             group = local_group([r for r in range(world) if r != ps_rank])
     return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _warn_of_compounded_momentum(spec, options, optimizer: torch.optim.Optimizer) -> None:
+    """Say once when the user's SGD momentum sits under an outer Nesterov step (esync-outer,
+    DiLoCo, lookahead): the two compound, so that a round of one or two steps -- ESync's on
+    devices of like speed -- moves the model up to global_lr / ((1 − μ_outer)(1 − μ)) times
+    the inner rate. Measured: a 2-worker esync-outer run of a small CNN with SGD(lr=0.05,
+    momentum=0.9) stayed at chance (0.49); without the momentum, or at global_lr 0.1, 0.88."""
+    outer = getattr(options, "outer_momentum", None)
+    outer = spec.defaults.get("outer_momentum", 0.0) if outer is None else outer
+    rate = getattr(options, "global_lr", None)
+    rate = spec.defaults.get("global_lr", 1.0) if rate is None else rate
+    inner = (optimizer.param_groups[0].get("momentum") or 0.0
+             if isinstance(optimizer, torch.optim.SGD) else 0.0)
+    if outer and inner >= 0.5:
+        warnings.warn(
+            f"hetsync.wrap: mode {spec.name!r}: your SGD's momentum {inner:g} compounds with "
+            f"its outer Nesterov momentum {outer:g} at global_lr {rate:g} (a short round's "
+            f"step up to {rate / ((1 - outer) * (1 - inner)):.0f}x your rate): training may "
+            f"diverge. Use SGD without momentum (as hetsync launch does), "
+            f"global_lr={rate * (1 - outer):.2g}, or mode='esync'", stacklevel=5)
 
 
 def _one_host() -> bool:
