@@ -380,3 +380,23 @@ def test_an_asynchronous_runs_lead_is_taken_once_by_the_successor_and_kept_by_a_
     store.set("hetsync/lost/1", "1")  # rank 1 lost; its new process joins before anyone took over
     store.delete_key("hetsync/lost/1")
     assert StoreLead(store, 1, range(3), joining=True).reclaim() is True
+
+
+def test_a_successor_that_saw_the_leader_lost_does_not_take_the_lead_its_new_process_reclaimed():
+    """The race: rank 1 reads the store naming rank 0 (marked lost), then rank 0's new process
+    reclaims the lead (the mark cleared), then rank 1's compare-and-set runs: it must fail,
+    so that one rank leads."""
+    from hetsync.runtime.membership import StoreLead
+
+    store = dist.HashStore()
+    store.set("hetsync/lost/0", "1")
+    successor = StoreLead(store, 1, range(3), joining=False)
+    leader, named = successor._named()  # what `follow` read before the new process came
+    assert leader == 0
+    store.delete_key("hetsync/lost/0")
+    assert StoreLead(store, 0, range(3), joining=True).reclaim() is True
+    successor._take(named)  # ... and the compare-and-set it then made
+    assert successor.leader == 0
+    other = StoreLead(store, 2, range(3), joining=False)
+    other._next_check = 0.0
+    assert other.follow() is None and other.leader == 0

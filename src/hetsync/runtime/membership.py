@@ -155,15 +155,19 @@ class StoreLead:
         self.leader = -1 if joining else 0
         self._next_check = 0.0
 
-    def _named(self) -> tuple[int, bool]:
-        """The leader the store names, and whether it names one (else rank 0)."""
+    def _named(self) -> tuple[int, str]:
+        """The leader the store names (else rank 0), and the value that names it ("": none)."""
         if self.store.check([self.KEY]):
-            return int(self.store.get(self.KEY)), True
-        return 0, False
+            value = self.store.get(self.KEY).decode()
+            return int(value.split(":")[0]), value
+        return 0, ""
 
-    def _take(self, leader: int, named: bool) -> None:
-        self.leader = int(self.store.compare_set(self.KEY, str(leader) if named else "",
-                                                 str(self.rank)))
+    def _take(self, named: str) -> None:
+        """Take the lead where the store still holds `named`. Each take writes a value of its
+        own (RANK:TAKE), so a take made on an older value fails: a rejoiner's `reclaim`
+        and a successor's `follow` that both read its rank cannot both lead."""
+        value = self.store.compare_set(self.KEY, named, f"{self.rank}:{time.time_ns()}")
+        self.leader = int(value.decode().split(":")[0])
 
     def follow(self) -> int | None:
         """At most every `CHECK_S`: the leader as the store has it, and the lead taken where
@@ -180,7 +184,7 @@ class StoreLead:
         alive = set(self.ranks) - set(known_lost(self.store, self.ranks))
         if successor(leader, alive) != self.rank:
             return None
-        self._take(leader, named)
+        self._take(named)
         return leader if self.leader == self.rank else None
 
     def reclaim(self) -> bool:
@@ -190,7 +194,7 @@ class StoreLead:
         leader, named = self._named()
         self.leader = leader
         if leader == self.rank:
-            self._take(leader, named)
+            self._take(named)
         return self.leader == self.rank
 
 
