@@ -246,5 +246,10 @@ def test_a_text_data_set_alone_trains_the_transformer_with_adamw(command):
 
     cfg = config()
     assert (cfg.network, cfg.optimizer, cfg.lr) == ("gpt-char", "adamw", 0.003)
+    if command == "launch":  # launch's text recipe: sync on balanced batches, unless asked
+        assert (cfg.mode, cfg.balanced_batches) == ("sync", True)
+        cfg = config("-m", "esync-outer")
+        assert (cfg.mode, cfg.balanced_batches) == ("esync-outer", False)
+        assert config("--balanced-batches", "0").balanced_batches is False
     cfg = config("--optimizer", "sgd", "-l", "0.2")
     assert (cfg.network, cfg.optimizer, cfg.lr) == ("gpt-char", "sgd", 0.2)
