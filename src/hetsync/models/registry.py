@@ -93,9 +93,10 @@ def get_spec(name: str) -> ModelSpec:
 def from_factory(name: str) -> ModelSpec:
     """Register the user's own model, ``MODULE:FACTORY``: ``FACTORY(input_shape,
     num_classes) -> nn.Module`` in a module on the Python path or in the current folder
-    (every process of a run imports it, as it imports `--plugin` modules). It reads images, (C, H, W), unless the factory says
-    ``FACTORY.inputs = "tokens"`` (then ``(context,)``, the vocabulary, and the size options
-    as keywords). ``ValueError`` naming the module or the factory when either is missing."""
+    (every process of a run imports it, as it imports `--plugin` modules). It reads images,
+    (C, H, W), unless the factory says ``FACTORY.inputs = "tokens"`` (then ``(context,)``,
+    the vocabulary, and the size options as keywords). ``ValueError`` naming the module or
+    the factory when either is missing."""
     import importlib
     import os
     import sys
