@@ -347,8 +347,19 @@ def _spawned(rank: int, world: int, port: int, opts: ProbeOptions) -> None:
                             timeout=datetime.timedelta(seconds=300))
     try:
         probe_rank(rank, world, opts)
+        _leave_together()
     finally:
         dist.destroy_process_group()
+
+
+def _leave_together() -> None:
+    """A barrier after rank 0 has written the profile: a rank that tore its group down while
+    rank 0 still wrote aborted one run in ten here ("terminate called without an active
+    exception", in gloo's teardown)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def run(opts: ProbeOptions, workers: int) -> None:
@@ -361,6 +372,7 @@ def run(opts: ProbeOptions, workers: int) -> None:
                                 timeout=datetime.timedelta(seconds=300))
         try:
             probe_rank(dist.get_rank(), dist.get_world_size(), opts)
+            _leave_together()
         finally:
             dist.destroy_process_group()
         return
