@@ -1,7 +1,7 @@
 """A short chaos run per mode family (`benchmarks/chaos.py` runs the long ones): faults of every
 kind in one run — a worker paused, the state server or parameter server killed, rank 0 killed
-(in esync-outer, started again to join the run; in async, rank 1 leads on), the evaluator
-killed — and the run
+(in esync-outer, started again to join the run; in async, rank 1 leads on, or rank 0's new
+process where it is back first), the evaluator killed — and the run
 still ends well: launch exits 0 within its bound, one
 accuracy curve to the budget, a complete summary."""
 
@@ -20,9 +20,9 @@ SCHEDULES = {
     "esync-outer": [Event(2.0, "stop-worker", 1, pause=1.5), Event(4.0, "kill-worker", 0),
                     Event(6.0, "kill-state-server"), Event(7.0, "kill-evaluator")],
     # rank 0 lost (2.5 s after its checkpoint at 5 s of training, which pulls the model
-    # from the server and may take a second on a busy machine): rank 1 leads on; the
-    # parameter server killed: launch resumes the run from the last checkpoint of a leader,
-    # with every worker
+    # from the server and may take a second on a busy machine): rank 1 leads on (or rank 0's
+    # new process, back first); the parameter server killed: launch resumes the run from the
+    # last checkpoint of a leader, with every worker
     "async": [Event(2.0, "stop-worker", 2, pause=1.5), Event(4.0, "kill-evaluator"),
               Event(7.5, "kill-worker", 0), Event(10.0, "kill-ps")],
 }
