@@ -101,7 +101,7 @@ def _member(rank, members, store, generation, held_shards=()):
         membership=types.SimpleNamespace(members=members, generation=generation,
                                          alarm=lambda: False),
         held=shards.HeldShards(rank, _sampler(rank), make=_sampler))
-    for name in ("_mine", "_take_shards", "_hand_over_shards", "start_at"):
+    for name in ("_mine", "_hand_over_shards", "start_at"):
         setattr(me, name, types.MethodType(getattr(TrainingLoop, name), me))
     for shard in held_shards:
         me.held.hold(shard, (0, 0))
@@ -233,3 +233,22 @@ def test_an_asynchronous_runs_lost_worker_has_its_shard_drawn_until_it_joins_aga
     ledger = json.loads((run / "summary.json").read_text())["ledger"]
     assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
     assert ledger["per_worker"]["2"]["drawn_by"] == [0, 2], ledger
+
+
+def test_a_pass_of_held_shards_ends_where_each_reaches_the_epochs_end():
+    """`HeldShards.draw(before)`: a worker's own shard (10 batches an epoch) and a held one
+    behind it draw in turn until each has reached epoch 1; a regroup's `take` with `keep`
+    False holds the other shard again from where its last holder published."""
+    store = dist.HashStore()
+    held = shards.HeldShards(0, _sampler(0), make=_sampler)
+    held.hold(2, (0, 1))
+    batches = held.epoch_batches[0]
+    got = []
+    while (drawn := held.draw(1)) is not None:
+        got.append(drawn[:3])
+    assert sorted(got) == sorted([(0, 0, b) for b in range(batches)]
+                                 + [(2, 0, b) for b in range(1, held.epoch_batches[2])])
+    assert held.at(0) == held.at(2) == (1, 0) and held.draw(1) is None
+    shards.publish(store, {2: (0, 2)})
+    held.take([0, 2], lambda shard: shards.published(store, shard), keep=False)
+    assert held.positions()[2] == (0, 2) and held.draw(1)[:3] == (2, 0, 2)

@@ -698,12 +698,77 @@ def test_a_profile_for_another_cluster_or_a_mode_counting_workers_is_refused(tmp
     with pytest.raises(ValueError, match="batch_size=0: expected an integer >= 1"):
         hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
                      batch_size=0)
-    # (the rule alone: a run of three ranks on the profile, rank 1's part)
+    # (the rule alone: a run of two ranks on the profile, every rank's batch; the sample
+    # weights follow from them, as the test above checks)
     from hetsync.distributed_optimizer import _balanced
 
     two = tmp_path / "two.json"
     two.write_text(json.dumps({"devices": [{"step_s": 0.0, "sample_s": 0.001},
                                            {"step_s": 0.0, "sample_s": 0.003}]}))
-    assert _balanced(9, str(two), 1, 2, registry.get("diloco")) == (3, 2 * 3 / 12)
+    assert _balanced(9, str(two), 2, registry.get("diloco")) == [9, 3]
     with pytest.raises(ValueError, match="mode 'async''s sums count workers, not samples"):
-        _balanced(9, str(two), 1, 2, registry.get("async"))
+        _balanced(9, str(two), 2, registry.get("async"))
+
+
+def _epochs_of_batches(rank, world, mode, run_dir, victim=None, epochs=2):
+    """Two epochs of a loader drawn by hetsync's batch sampler (2,048 samples, batches of
+    16); rank `victim` dies at its 10th batch of epoch 0. The batches each pass yielded."""
+    import os
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(rank)
+    model = _model()
+    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode,
+                       run_dir=run_dir, timeout=30, slowdown=1.0 + rank)
+    x_all, y_all, _ = _task(rank, 1)
+    loader = DataLoader(TensorDataset(x_all, y_all),
+                        batch_sampler=opt.batch_sampler(len(x_all), 16, seed=3))
+    passes = []
+    for epoch in range(epochs):
+        passes.append(0)
+        for i, (x, y) in enumerate(loader):
+            if rank == victim and epoch == 0 and i == 10:
+                os._exit(9)   # kill -9, mid-epoch
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            passes[-1] += len(x)
+    opt.finish()
+    return passes, len(loader), opt.lost_workers
+
+
+def test_hetsyncs_batch_sampler_gives_each_worker_its_own_shard_once_an_epoch(tmp_path):
+    """2 workers, no loss: each pass is one epoch of the worker's own shard (1,024 samples,
+    64 batches of 16), and the ledger has every batch of both epochs drawn once."""
+    results = run_ranks(_epochs_of_batches, 2, "esync-outer", tmp_path)
+    for passes, batches, lost in results:
+        assert passes == [1024, 1024] and batches == 64 and lost == []
+    ledger = summarize(tmp_path)["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    for shard in ("0", "1"):
+        led = ledger["per_worker"][shard]
+        assert (led["epochs"], led["batches_left_in_last_epoch"]) == (2, 0), led
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+def test_a_lost_workers_shard_is_drawn_by_a_survivor_under_wrap(mode, tmp_path):
+    """kill -9 of rank 1 at its 10th batch of epoch 0, in a mode whose survivors go on:
+    the survivor that holds its shard now (`shards.holder`: rank 2) draws the rest of it
+    within its own passes, and the ledger has every batch of every shard, both epochs,
+    drawn once — none skipped, none twice, none left."""
+    first, died, last = run_ranks(_epochs_of_batches, 3, mode, tmp_path, 1, timeout=150,
+                                  allow_failures=True)
+    assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
+    assert isinstance(first, tuple) and isinstance(last, tuple), (first, last)
+    assert first[2] == last[2] == [1]
+    # rank 2 drew its own shard and rank 1's from where rank 1's records end (the passes
+    # count the batches of the round the regroup dropped twice: they were drawn again)
+    assert sum(first[0]) >= 682 * 2 and sum(last[0]) > 682 * 3, (first[0], last[0])
+    ledger = summarize(tmp_path)["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    for shard in ("0", "1", "2"):
+        led = ledger["per_worker"][shard]
+        assert (led["epochs"], led["batches_left_in_last_epoch"]) == (2, 0), led
+    assert ledger["per_worker"]["1"]["drawn_by"] == [1, 2]

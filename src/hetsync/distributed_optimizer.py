@@ -81,6 +81,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
       ``batch_size`` the fastest device's, each other's as many samples as fit in its
       step, and every sum counting samples (each worker's weight its share of a step's
       samples); None where neither was given;
+    - ``batch_sampler(num_samples, batch_size=None, *, shuffle=True, seed=0)``: hetsync's
+      sampler of this worker's batches (``DataLoader(data, batch_sampler=...)``), one pass
+      an epoch; where the survivors of a lost worker go on, one of them draws the rest of
+      its shard (`runtime/shard_batches.py`);
     - ``global_model()``: a context in which the model holds the global weights; evaluate
       inside it, on any worker, at any step; its time is not training time;
     - ``record_evaluation(test_acc, test_loss=None)``: the leader (``leads``: rank 0, or
@@ -133,7 +137,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"mode {mode!r} trains on at most {spec.max_workers} worker(s); "
                              f"this group has {workers}")
         #: this worker's batch (see the class docstring), and its share of a step's samples
-        self.batch_size, sample_weight = _balanced(batch_size, profile, rank, workers, spec)
+        self._batch_sizes = _balanced(batch_size, profile, workers, spec)
+        self.batch_size = self._batch_sizes[rank] if self._batch_sizes else None
+        sample_weight = (workers * self.batch_size / sum(self._batch_sizes)
+                         if profile is not None else 1.0)
         DistributedOptimizer._made += 1
         prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
         store = dist.distributed_c10d._get_default_store() if workers > 1 else None
@@ -185,6 +192,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._departures = Departures(store, prefix, rank, workers)
             atexit.register(self._exit_without_finish)
         self._membership = None
+        #: where hetsync's batch sampler publishes its shards' positions
+        #: (`runtime/shard_batches.py`), and the membership agrees on the survivors
+        self._shard_store = dist.PrefixStore(f"{prefix}/", store) if workers > 1 else None
+        self._batches = None
         if (workers > 1 and group is None and self.mode.comm.channel is not None
                 and not self.assembly.spec.needs_parameter_server(record["collective"])
                 and self.mode.goes_on_without_a_worker(self.mode.options)):
@@ -192,7 +203,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
             # the survivors of a lost worker regroup and go on, as under `launch` (ESync's
             # background rounds, eager-SGD; the whole world's workers: global ranks)
-            self._membership = Membership(dist.PrefixStore(f"{prefix}/", store), rank,
+            self._membership = Membership(self._shard_store, rank,
                                           list(range(workers)), timeout=record["timeout"])
             self.mode.comm.channel.alarm = self._membership.alarm
         #: the step's account where nothing is recorded (one, not one per step)
@@ -280,7 +291,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # sums count their contributors; elsewhere its zeroed gradient goes in.
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
-        rnd = self._recorder.round if self._recorder is not None else self._unrecorded
+        rnd = self._round_account()
         try:  # the training loop's own step (`runtime/rounds.py`)
             action = decide(mode, Step(self._step_started, ended))
             finished_round = perform(mode, action, rnd)
@@ -296,6 +307,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._recorder is not None:
             self._recorder.step(self._step_started, ended, loss,
                                 finished_round if action.ends_round else None)
+        if action.ends_round and self._batches is not None:
+            if self._recorder is None:
+                self._unrecorded = RoundAccount()
+            self._batches.round_over(self._shard_store)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()
@@ -333,6 +348,37 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             if self._recorder is not None:
                 self._recorder.evaluated()
+
+    def batch_sampler(self, num_samples: int, batch_size: int | None = None, *,
+                      shuffle: bool = True, seed: int = 0):
+        """hetsync's sampler of this worker's batches, for ``DataLoader(data,
+        batch_sampler=...)`` in place of a `DistributedSampler`: the `num_samples` samples
+        cut into one shard per worker, one pass one epoch; where the survivors of a lost
+        worker go on, one of them draws the rest of its shard, so that no sample of the
+        epoch is lost (`runtime/shard_batches.py`, which says where it departs from
+        `launch`). `batch_size`: every worker's (default: this wrapper's `batch_size`,
+        balanced to a profile where one was given). Make one per wrapper, on every worker."""
+        from hetsync.runtime.shard_batches import ShardBatchSampler
+
+        _check_batch_size(batch_size)
+        sizes = [batch_size] * self.workers if batch_size is not None else self._batch_sizes
+        if sizes is None:
+            raise ValueError("batch_sampler: give batch_size=, or batch_size= to hetsync.wrap")
+        if self._batches is not None:
+            raise ValueError("batch_sampler: this wrapped optimizer has one already (one per "
+                             "wrapper: it draws this worker's shards)")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+            raise ValueError(f"batch_sampler({num_samples!r}): expected the number of samples, "
+                             f"an int")
+        self._batches = ShardBatchSampler(self.rank, self.workers, num_samples, sizes,
+                                          self._round_account, shuffle=shuffle, seed=seed)
+        if self._recorder is not None:
+            self._recorder.ledger_fields = self._batches.held.record_fields
+        return self._batches
+
+    def _round_account(self) -> RoundAccount:
+        """The round under way's account (the sampler's draws go into it)."""
+        return self._recorder.round if self._recorder is not None else self._unrecorded
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next steps belong to, for the records' ``epoch`` (call it where
@@ -425,6 +471,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             members = self._membership.go_on(self.mode, cause)
         except CommError as failed:
             raise self._failure(failed) from err
+        if self._batches is not None:  # the dropped round's batches again, and the shards
+            rnd = self._round_account()  # this worker holds now
+            rnd.drawn.clear()
+            rnd.held.clear()
+            self._batches.regrouped(self._shard_store, members)
         if self._store_join is not None:  # the stop waits for them no more (every survivor
             for r in self._membership.lost:  # took part in the regroup: each knows)
                 self._store_join.lost.setdefault(r, "lost: the others regrouped without it")
@@ -544,6 +595,9 @@ class RunRecorder:
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "workers": workers, "ranks": self.ranks}
         self.records = JsonlWriter(RunDir(self.dir).worker(rank))
+        #: a record's ledger fields beside its draws (`HeldShards.record_fields`: set where
+        #: hetsync's batch sampler draws them)
+        self.ledger_fields = lambda drawn, held: {}
         self.ended: float | None = None   # training time at `finish`
         if rank == 0:
             RunDir(self.dir).write_run(self.info)
@@ -565,9 +619,13 @@ class RunRecorder:
         self._eval_since_step = 0.0
         rnd.add_step(user, float(loss) if loss is not None else float("nan"))
         if finished_round is not None:
-            self.records.write(rnd.record(self.mode, self.rank, finished_round, self.t0,
-                                          self.eval_total, self.epoch))
+            self._write(rnd, finished_round)
             self.round = RoundAccount(self.eval_total)
+
+    def _write(self, rnd: RoundAccount, round_: int) -> None:
+        self.records.write({**rnd.record(self.mode, self.rank, round_, self.t0,
+                                         self.eval_total, self.epoch),
+                            **self.ledger_fields(rnd.drawn, rnd.held)})
 
     def evaluating(self) -> None:
         """An evaluation (`global_model()`) begins: from now on, not training time."""
@@ -602,8 +660,7 @@ class RunRecorder:
         workers the run ended without (`lost`) in run.json."""
         self._hook.remove()
         if self.round.steps or self.mode.comm.clock.total() > 0:  # steps, or the wait
-            self.records.write(self.round.record(self.mode, self.rank, joined_at, self.t0,
-                                                 self.eval_total, self.epoch))
+            self._write(self.round, joined_at)
         self.records.close()
         self.ended = self.train_time()
         if self.leads():
@@ -629,16 +686,14 @@ def _new_run_dir(log_dir, name: str | None, rank: int, store, prefix: str) -> Pa
     return Path(log_dir) / run
 
 
-def _balanced(batch_size: int | None, profile, rank: int, workers: int,
-              spec) -> tuple[int | None, float]:
-    """This worker's batch and sample weight (`DistributedOptimizer.batch_size`): the batch
-    as given with weight 1, or with a profile each device's balanced to its speed
-    (`clock.profile.balanced_batches`), weight P × its batch ÷ all the batches."""
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-            batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
+def _balanced(batch_size: int | None, profile, workers: int, spec) -> list[int] | None:
+    """Every worker's batch (`DistributedOptimizer.batch_size`): the batch as given, or with
+    a profile each device's balanced to its speed (`clock.profile.balanced_batches`; each
+    worker's sample weight is then P × its batch ÷ all the batches); None where neither was
+    given."""
+    _check_batch_size(batch_size)
     if profile is None:
-        return batch_size, 1.0
+        return None if batch_size is None else [batch_size] * workers
     from hetsync.clock.profile import load
 
     if batch_size is None:
@@ -653,7 +708,13 @@ def _balanced(batch_size: int | None, profile, rank: int, workers: int,
         raise ValueError(f"mode {spec.name!r}'s sums count workers, not samples: it cannot "
                          f"take batches balanced to a profile (balanced batches: "
                          f"{', '.join(registry.names(baseline=False, counts_samples=True))})")
-    return batches[rank], workers * batches[rank] / sum(batches)
+    return batches
+
+
+def _check_batch_size(batch_size) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size={batch_size!r}: expected an integer >= 1")
 
 
 def parameter_server_rank() -> int:

@@ -88,9 +88,13 @@ class HeldShards:
         s.position = s.round_start = (epoch, batch)
         s.draws = None
 
-    def draw(self) -> tuple[int, int, int, Any]:
-        """The next batch, of each shard in turn: (shard, epoch, batch number, indices)."""
-        order = sorted(self.shards)
+    def draw(self, before: int | None = None) -> tuple[int, int, int, Any] | None:
+        """The next batch, of each shard in turn: (shard, epoch, batch number, indices).
+        `before`: only of the epochs before it (None once every shard held has reached it;
+        `hetsync.wrap`'s passes, one an epoch)."""
+        order = [s for s in sorted(self.shards) if before is None or self.at(s) < (before, 0)]
+        if not order:
+            return None
         shard = order[self._turn % len(order)]
         self._turn += 1
         s = self.shards[shard]
@@ -99,6 +103,25 @@ class HeldShards:
         epoch, indices = next(s.draws)
         s.position = (epoch, s.position[1] + 1) if epoch == s.position[0] else (epoch, 1)
         return shard, epoch, s.position[1] - 1, indices
+
+    def at(self, shard: int) -> tuple[int, int]:
+        """Where `shard`'s draws are, an epoch's end written as the next one's start."""
+        epoch, batch = self.shards[shard].position
+        batches = self.epoch_batches.get(shard)
+        return (epoch + 1, 0) if batches is not None and batch >= batches else (epoch, batch)
+
+    def record_fields(self, drawn: list, held: dict) -> dict[str, Any]:
+        """A round record's ledger fields beside its own draws (`drawn`): the own shard's
+        batches per epoch, and the draws of the shards held for others (`held`), each with
+        its batches per epoch (`telemetry/ledger.py`)."""
+        fields: dict[str, Any] = {}
+        if drawn and self.epoch_batches[self.own] is not None:
+            fields["epoch_batches"] = self.epoch_batches[self.own]
+        if held:  # (a shard handed on this round is in it too)
+            fields["held"] = [{"shard": shard, "drawn": ranges,
+                               "epoch_batches": self.epoch_batches.get(shard)}
+                              for shard, ranges in sorted(held.items())]
+        return fields
 
     def round_over(self) -> None:
         for s in self.shards.values():
@@ -122,6 +145,23 @@ class HeldShards:
 
     def release(self, shard: int) -> None:
         del self.shards[shard]
+
+    def take(self, mine: list[int], position_of: Callable[[int], tuple[int, int]],
+             keep: bool, own: bool = False) -> None:
+        """The members changed and this worker holds the shards `mine` now (`held_by`): let
+        go of the others, and hold those it did not from `position_of(shard)` — and those
+        it held already too unless it `keep`s them (not after a regroup, which drops the
+        round in progress: each is taken again from where its holder's records end), and
+        its own where `own` (it joins: a member held it while it was away)."""
+        for shard in self.others():
+            if shard not in mine or not keep:
+                self.release(shard)
+        for shard in mine:
+            if shard == self.own:
+                if own:
+                    self.start_at(shard, *position_of(shard))
+            elif shard not in self.shards:
+                self.hold(shard, position_of(shard))
 
 
 def batches_per_epoch(sampler) -> int | None:

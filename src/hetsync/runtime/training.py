@@ -501,23 +501,6 @@ class TrainingLoop:
             self.start_at(*position)
         return True
 
-    def _take_shards(self, position_of, keep: bool, own: bool = False) -> None:
-        """The members changed: let go of the shards another member holds now, and hold
-        those this one does from `position_of(shard)` — but those it held already, where
-        it `keep`s them (not after a regroup, which drops the round in progress: each is
-        taken again from where its holder's records end), and its own unless `own` (it
-        joins: a member held it while it was away)."""
-        mine = self._mine()
-        for shard in self.held.others():
-            if shard not in mine or not keep:
-                self.held.release(shard)
-        for shard in mine:
-            if shard == self.rank:
-                if own:
-                    self.start_at(*position_of(shard))
-            elif shard not in self.held.shards:
-                self.held.hold(shard, position_of(shard))
-
     def _hand_over_shards(self, joined: bool) -> None:
         """An admission (nothing dropped): hand on, as they stand now, the shards another
         member holds from this generation on, then take those this one does (`joined`:
@@ -527,7 +510,7 @@ class TrainingLoop:
         for shard in self.held.others():
             if shard not in mine:
                 shards.hand_over(store, generation, shard, self.held.shards[shard].position)
-        self._take_shards(lambda shard: shards.taken_over(
+        self.held.take(mine, lambda shard: shards.taken_over(
             store, generation, shard, self.cfg.timeout, alarm=self.membership.alarm),
             keep=True, own=joined)
 
@@ -675,8 +658,8 @@ class TrainingLoop:
         members = self.membership.go_on(
             self.mode, err, then=lambda: self._take_leaders_counts(st, joined=False))
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
-        self._take_shards(lambda shard: shards.published(shared(self.store), shard),
-                          keep=False)
+        self.held.take(self._mine(), lambda shard: shards.published(shared(self.store), shard),
+                       keep=False)
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         lost = list(self.membership.lost)
         tell(self.run_dir if self.leads else None, "lost",
@@ -807,14 +790,7 @@ class TrainingLoop:
         self._last_recorded = round_
         self.held.round_over()  # (the next round's draws begin here)
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
-        batches = self.held.epoch_batches
-        if rnd.drawn and batches[self.rank] is not None:
-            record["epoch_batches"] = batches[self.rank]
-        if rnd.held:  # (a shard handed on this round is in it too)
-            record["held"] = [{"shard": shard, "drawn": drawn,
-                               "epoch_batches": batches.get(shard)}
-                              for shard, drawn in sorted(rnd.held.items())]
-        self.recorder.write(record)
+        self.recorder.write({**record, **self.held.record_fields(rnd.drawn, rnd.held)})
         self._publish_positions()
         self._follow_drawers()
 

@@ -1,0 +1,91 @@
+"""`DistributedOptimizer.batch_sampler`: a wrapped run's batches, drawn so that a lost worker's
+shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`; docs/design.md,
+"The data ledger").
+
+    sampler = opt.batch_sampler(len(train_set), batch_size=64)
+    loader = DataLoader(train_set, batch_sampler=sampler)
+    for epoch in range(epochs):                  # one pass over the loader: one epoch
+        for x, y in loader: ...
+
+1. The samples are cut into one shard per worker (`data.partition.iid_partition`, seeded:
+   ⌊N/P⌋ each, the remainder dropped, as ESync does), each drawn in batches by its own
+   `ShardSampler` (seeded with the seed and its rank, reshuffled every epoch; the last batch
+   of an epoch may be short, so that every sample is drawn).
+2. One pass over the sampler is one epoch: it yields this worker's batches, one of each shard
+   it holds in turn, until every shard it holds has reached the end of the epoch its own
+   shard was in when the pass began.
+3. Each batch goes into the round under way as it is drawn; at the round's end its record
+   names them (`drawn`, `held`) and the sampler publishes in the store where each shard's
+   draws reached.
+4. Where the survivors of a lost worker go on (`runtime/membership.py`: ESync's background
+   rounds, eager-SGD), the regroup drops the round in progress: each survivor draws its own
+   shard again from where its last recorded round ended, and the shards it holds now
+   (`shards.holder`) from where their last holder published — within the pass under way, so
+   that the lost worker's batches of this epoch are drawn in this epoch.
+
+Where it departs from `launch`: `wrap` admits no worker, so no shard is handed back; in the
+parameter-server modes, which have no membership to agree on, a lost worker's shard is not
+taken on (the ledger shows its batches left). A batch is counted as drawn when the loader
+asks for it: a `DataLoader` with worker processes asks a few batches ahead, and those of a
+dropped round are then drawn again (the ledger counts them twice). A loss found in `finish()`,
+after a survivor's passes are over, leaves the rest of the lost shard undrawn.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Iterator
+
+import torch
+
+from hetsync.data.partition import iid_partition
+from hetsync.data.sampler import ShardSampler
+from hetsync.runtime import shards
+from hetsync.runtime.rounds import RoundAccount
+
+
+class ShardBatchSampler(torch.utils.data.Sampler):
+    """A `DataLoader`'s ``batch_sampler`` for worker `rank` of `workers` in a wrapped run
+    (see the module docstring); made by `DistributedOptimizer.batch_sampler`. `batch_sizes`:
+    every worker's; `account()`: the round under way's account, which each draw goes into."""
+
+    def __init__(self, rank: int, workers: int, num_samples: int, batch_sizes: list[int],
+                 account: Callable[[], RoundAccount], *, shuffle: bool, seed: int):
+        try:
+            seed = operator.index(seed)
+        except TypeError:
+            raise ValueError(f"seed={seed!r}: expected an int >= 0") from None
+        parts = iid_partition(num_samples, workers, seed)  # (ValueError: names the value)
+
+        def sampler_of(rank: int) -> ShardSampler:
+            return ShardSampler(parts[rank], batch_sizes[rank], seed=seed * 1000 + rank,
+                                shuffle=shuffle, drop_last=False)
+
+        self.rank, self.workers, self._account = rank, workers, account
+        self.held = shards.HeldShards(rank, sampler_of(rank), sampler_of)
+
+    def __len__(self) -> int:
+        """This worker's own shard's batches per epoch (a pass draws more where it holds a
+        lost worker's shard too)."""
+        return self.held.epoch_batches[self.rank]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Step 2: one epoch's batches (lists of sample indices)."""
+        before = self.held.at(self.rank)[0] + 1
+        while (got := self.held.draw(before)) is not None:
+            shard, epoch, number, indices = got
+            self._account().draw(epoch, number, shard=None if shard == self.rank else shard)
+            yield indices.tolist()
+
+    def round_over(self, store) -> None:
+        """Step 3, after the round's record: the next round's draws begin here, and where
+        they reached is published (`store`: None, nobody to tell)."""
+        self.held.round_over()
+        if store is not None:
+            shards.publish(store, self.held.positions())
+
+    def regrouped(self, store, members: list[int]) -> None:
+        """Step 4: the round in progress was dropped and `members` go on."""
+        self.held.take(shards.held_by(self.rank, members, range(self.workers)),
+                       lambda shard: shards.published(store, shard), keep=False)
+        self.held.redraw()
