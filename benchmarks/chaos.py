@@ -115,6 +115,7 @@ class Outcome:
     reached_budget: bool = False
     ledger: dict | None = None   # summary.json's data ledger
     samples: int | None = None   # samples trained (every worker's)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (samples seen, accuracy)
 
 
 def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
@@ -189,7 +190,19 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
     out.joined = summary.get("joined_workers") or []
     out.ledger = summary.get("ledger")
     out.samples = summary.get("samples")
+    out.curve = [(e["samples_seen"], e["test_acc"]) for e in evals if "samples_seen" in e]
     return out
+
+
+def at_samples(curve: list[tuple[int, float]], samples: int) -> float | None:
+    """The accuracy of an evaluation curve at `samples` samples seen (linear between its
+    evaluations; None past its end)."""
+    import numpy as np
+
+    if not curve or samples > curve[-1][0]:
+        return None
+    seen, acc = zip(*sorted(curve))
+    return float(np.interp(samples, seen, acc))
 
 
 def joins(run_dir: Path, rank: int) -> int:
@@ -207,13 +220,18 @@ def _ledger(ledger: dict | None) -> str:
 def table(outcomes: list[Outcome], budget: float) -> str:
     rows = ["| mode | seed | run | events applied | launch exit | wall s | restarts | lost "
             "workers | joined again | one curve to the budget | complete | batches twice / "
-            "skipped | samples trained | final accuracy | vs undisturbed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    calm = {(o.mode, o.seed): o.final for o in outcomes if not o.chaos}
+            "skipped | samples trained | final accuracy | vs undisturbed | vs undisturbed at "
+            "equal samples |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    calm = {(o.mode, o.seed): o for o in outcomes if not o.chaos}
     for o in outcomes:
         ref = calm.get((o.mode, o.seed))
-        delta = (f"{100 * (o.final - ref):+.2f} pt" if o.chaos and o.final is not None and
-                 ref is not None else "")
+        delta = (f"{100 * (o.final - ref.final):+.2f} pt" if o.chaos and o.final is not None
+                 and ref is not None and ref.final is not None else "")
+        # (the undisturbed run's accuracy when it had seen as many samples as this one)
+        equal = (at_samples(ref.curve, o.curve[-1][0]) if o.chaos and ref is not None
+                 and o.curve else None)
+        at_equal = f"{100 * (o.curve[-1][1] - equal):+.2f} pt" if equal is not None else ""
         applied = "; ".join(o.applied) if o.chaos else "none"
         rows.append(f"| {o.mode} | {o.seed} | {'chaos' if o.chaos else 'undisturbed'} | "
                     f"{applied} | {o.code} | {o.wall:.0f} | {o.restarts} | "
@@ -223,7 +241,7 @@ def table(outcomes: list[Outcome], budget: float) -> str:
                     f"{'yes' if o.complete else 'NO'} | "
                     f"{_ledger(o.ledger)} | "
                     f"{'-' if o.samples is None else f'{o.samples / 1000:.0f}k'} | "
-                    f"{'' if o.final is None else f'{o.final:.4f}'} | {delta} |")
+                    f"{'' if o.final is None else f'{o.final:.4f}'} | {delta} | {at_equal} |")
     chaos = [o for o in outcomes if o.chaos]
     lost = sum(o.code != 0 for o in chaos)
     hung = sum(o.wall > budget * 3 + 120 for o in chaos)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from chaos import Event, run  # noqa: E402
+from chaos import Event, at_samples, run  # noqa: E402
 
 SCHEDULES = {
     # goes on without a lost worker, rank 0 included (the lowest survivor leads on), which
@@ -45,3 +45,10 @@ def test_a_run_under_faults_of_every_kind_ends_well(tmp_path, mode):
         assert out.ledger["batches_twice"] == out.ledger["batches_skipped"] == 0, log
     else:  # (the resumed run starts every worker again: none is lost at its end)
         assert out.restarts == 1, log  # the parameter server lost: resumed
+
+
+def test_the_undisturbed_accuracy_at_equal_samples_is_read_between_its_evaluations():
+    curve = [(0, 0.10), (100, 0.50), (200, 0.70)]
+    assert at_samples(curve, 150) == pytest.approx(0.60)
+    assert at_samples(curve, 200) == pytest.approx(0.70)
+    assert at_samples(curve, 250) is None   # past the run's end: nothing to compare with

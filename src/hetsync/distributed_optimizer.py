@@ -285,7 +285,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         overflowed = self._unscale()
         mode, timer = self.mode, self.mode.comm.timer
-        timer.emulate()
+        # (a lost worker's batch, drawn by hetsync's sampler, is its own size: it takes that
+        # many samples' time and weight, as under `launch`)
+        mode.batch_share = self._batches.share if self._batches is not None else 1.0
+        timer.emulate(mode.batch_share)
         ended = time.perf_counter()
         # An overflowed step sits its round out, as a joined worker does, where the mode's
         # sums count their contributors; elsewhere its zeroed gradient goes in.
@@ -299,6 +302,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._departures is None:
                 raise
             self._regroup(err)  # (or raises): the round is dropped
+            if self._batches is not None:  # its batches drawn again, and the shards this
+                rnd.drawn.clear()            # worker holds now
+                rnd.held.clear()
+                self._batches.regrouped(self._shard_store, self._membership.members)
             action, finished_round = Action.LOCAL, mode.round
         finally:
             mode.joined = mode.joined and not sits_out
@@ -310,7 +317,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if action.ends_round and self._batches is not None:
             if self._recorder is None:
                 self._unrecorded = RoundAccount()
-            self._batches.round_over(self._shard_store)
+            # (published where the survivors of a lost worker take its shard on)
+            self._batches.round_over(self._shard_store if self._membership else None)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()
@@ -471,11 +479,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             members = self._membership.go_on(self.mode, cause)
         except CommError as failed:
             raise self._failure(failed) from err
-        if self._batches is not None:  # the dropped round's batches again, and the shards
-            rnd = self._round_account()  # this worker holds now
-            rnd.drawn.clear()
-            rnd.held.clear()
-            self._batches.regrouped(self._shard_store, members)
         if self._store_join is not None:  # the stop waits for them no more (every survivor
             for r in self._membership.lost:  # took part in the regroup: each knows)
                 self._store_join.lost.setdefault(r, "lost: the others regrouped without it")

@@ -23,12 +23,16 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
    (`shards.holder`) from where their last holder published — within the pass under way, so
    that the lost worker's batches of this epoch are drawn in this epoch.
 
-Where it departs from `launch`: `wrap` admits no worker, so no shard is handed back; in the
-parameter-server modes, which have no membership to agree on, a lost worker's shard is not
-taken on (the ledger shows its batches left). A batch is counted as drawn when the loader
-asks for it: a `DataLoader` with worker processes asks a few batches ahead, and those of a
-dropped round are then drawn again (the ledger counts them twice). A loss found in `finish()`,
-after a survivor's passes are over, leaves the rest of the lost shard undrawn.
+Where it departs from `launch`: an epoch's last batch may be short (`launch` drops it);
+`wrap` admits no worker, so no shard is handed back; in the parameter-server modes, which
+have no membership to agree on, a lost worker's shard is not taken on (the ledger shows its
+batches left). A loss found in `finish()`, or after the passes of the survivor that holds
+its shard now are over, leaves the rest of that shard undrawn (and the round dropped there
+is not drawn again). A batch counts as drawn, and as trained by the next step, when the
+loader asks for it: the sampler is exact with `num_workers=0` (the default), where the
+loader asks for each batch as it trains it; worker processes ask a few batches ahead, and a
+regroup then leaves some batches trained twice or counted but not trained, and a pass out
+of step with the user's epochs.
 """
 
 from __future__ import annotations
@@ -63,10 +67,15 @@ class ShardBatchSampler(torch.utils.data.Sampler):
 
         self.rank, self.workers, self._account = rank, workers, account
         self.held = shards.HeldShards(rank, sampler_of(rank), sampler_of)
+        self._own_batch = batch_sizes[rank]
+        #: the last batch's size in this worker's own batches (a lost worker's batch is its
+        #: own size: `Mode.batch_share`, as `launch` sets it)
+        self.share = 1.0
 
     def __len__(self) -> int:
         """This worker's own shard's batches per epoch (a pass draws more where it holds a
-        lost worker's shard too)."""
+        lost worker's shard too: a schedule sized by ``len(loader)`` then runs past its
+        end)."""
         return self.held.epoch_batches[self.rank]
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -75,11 +84,13 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         while (got := self.held.draw(before)) is not None:
             shard, epoch, number, indices = got
             self._account().draw(epoch, number, shard=None if shard == self.rank else shard)
+            self.share = 1.0 if shard == self.rank else len(indices) / self._own_batch
             yield indices.tolist()
 
     def round_over(self, store) -> None:
         """Step 3, after the round's record: the next round's draws begin here, and where
-        they reached is published (`store`: None, nobody to tell)."""
+        they reached is published (`store`: None where no survivor would take a shard
+        on)."""
         self.held.round_over()
         if store is not None:
             shards.publish(store, self.held.positions())
