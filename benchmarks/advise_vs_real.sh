@@ -20,5 +20,5 @@ $BIN/hetsync advise "$OUT/profile.json" --budget "$BUDGET" --repeats 3 -o "$OUT/
 # the same candidates, the real devices: every scheme on all the devices, the fastest's recipes
 $BIN/hetsync bench --workers "$WORKERS" --slowdowns "$SLOWDOWNS" --oversubscribe 1 \
     --modes sync,esync-outer,diloco,async --baselines "" --reference nesterov,lookahead \
-    --time-budget "$BUDGET" --epochs none --targets 0.85 --eval-interval 1 --repeats 3 \
+    --time-budget "$BUDGET" --targets 0.85 --eval-interval 1 --repeats 3 \
     --name real -ld "$OUT/runs" --results-dir "$OUT"
