@@ -30,7 +30,8 @@ per epoch (docs/design.md, "The data ledger").
    go (`claim_own`).
 
 Where hetsync departs from a re-partition: the shards stay whole, so a lost slow device's
-small batches are drawn as they were.
+small batches are drawn as they were. `hetsync.wrap`'s batch sampler (`shard_batches.py`)
+draws with the same `HeldShards`, steps 1-3 and 5.
 """
 
 from __future__ import annotations
