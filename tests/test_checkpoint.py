@@ -269,10 +269,11 @@ def _evals(run_dir: Path) -> list[dict]:
 
 
 #: the families that go on without the killed worker by regrouping (dropping a round)
-REGROUPING = {"esync", "eager-solo", "esync-outer-rank-0"}
+REGROUPING = {"sync", "esync", "eager-solo", "esync-outer-rank-0"}
 FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SGD's partial
-    # all-reduce, a parameter server
-    "sync": ["-m", "sync", "--workers", "2", "--slowdowns", "1,2"],
+    # all-reduce, a parameter server, one that cannot go on (torch's DDP)
+    "sync": ["-m", "sync", "--workers", "3", "--slowdowns", "1,2,2"],
+    "ddp": ["-m", "ddp", "--workers", "2", "--slowdowns", "1,2"],
     "esync": ["-m", "esync", "--workers", "3", "--slowdowns", "1,2,2"],
     "eager-solo": ["-m", "eager-solo", "--workers", "3", "--slowdowns", "1,2,2"],
     # rank 0 — the leader, which evaluates and decides when to stop — killed (issue 31)
@@ -285,8 +286,8 @@ FAMILIES = {  # mode, cluster: a collective mode, ESync (state server), eager-SG
                "--workers", "2", "--slowdowns", "1,2"],
 }
 #: the families whose workers cannot go on without one: `launch` resumes the run from its
-#: last checkpoint by itself (sync), or, with --max-restarts 0, stops and is resumed (plugin)
-STOPS = ("sync", "plugin")
+#: last checkpoint by itself (ddp), or, with --max-restarts 0, stops and is resumed (plugin)
+STOPS = ("ddp", "plugin")
 
 
 @pytest.mark.slow
@@ -320,8 +321,8 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
     assert pid is not None, f"rank {victim} is not running"
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    if family not in STOPS:  # async: each worker talks only to the parameter server; esync,
-        # eager-solo: the others regroup without it (runtime/membership.py): all go on
+    if family not in STOPS:  # async: each worker talks only to the parameter server; sync,
+        # esync, eager-solo: the others regroup without it (runtime/membership.py): all go on
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
         assert f"rank-{victim} exited with code -9; {mode} goes on without it" in out
@@ -333,7 +334,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
             assert json.loads((run / "run.json").read_text())["lost_workers"] == [victim], out
             assert json.loads((run / "summary.json").read_text())["lost_workers"] == [victim]
         survivors = [r for r in range(3) if r != victim]
-        if mode.startswith("esync"):
+        if mode.startswith("esync") or mode == "sync":
             # the survivors went on together after the victim was lost: they recorded the
             # same rounds to the end, well past its last one
             lost_at = max(_rounds(run, victim), default=0)
@@ -353,7 +354,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing_and_the_run_resumes(tmp_path
             evals[-1]["test_acc"])
         lost_at = max(_rounds(run, victim), default=0)
         budget = ["--time-budget", "12"]  # then it is resumed, with the victim, 4 s further
-    elif family == "sync":  # launch resumes it from its last checkpoint by itself
+    elif family == "ddp":  # launch resumes it from its last checkpoint by itself
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, out
         assert ("rank-1 exited with code -9; resuming the run from its last checkpoint (1 of "

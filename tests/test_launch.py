@@ -14,7 +14,9 @@ import pytest
 from hetsync.algorithms import registry
 
 from hetsync.config import Config
+from hetsync.runtime import faults
 from hetsync.runtime.launcher import launch
+from hetsync.telemetry.rundir import RunDir
 from hetsync.telemetry.summarize import summarize
 
 from processes import pid_of_rank
@@ -114,9 +116,10 @@ def test_on_non_iid_data_esync_outer_caps_its_rounds_at_4_local_steps(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_path):
+    """torch's DDP cannot go on without a worker: with --max-restarts 0 the run stops."""
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--dataset", "synthetic",
+        [sys.executable, "-m", "hetsync", "launch", "-m", "ddp", "--dataset", "synthetic",
          "-n", "mlp", "--workers", "3", "--slowdowns", "1,1,1", "--time-budget", "60",
          "--epochs", "none", "-ld", str(tmp_path), "--run-name", "killed", "--quiet",
          "--no-figures", "--timeout", "20", "--max-restarts", "0"],
@@ -136,6 +139,39 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
     # What was written before the crash still reads: every record line is whole JSON.
     for rank in (0, 2):
         _records(run_dir, rank)
+
+
+def test_sync_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(tmp_path):
+    """sync, 3 workers on the virtual clock: rank 1 exits after round 30. Ranks 0 and 2
+    regroup and go on, rank 2 drawing rank 1's shard; launch starts rank 1 again and it is
+    admitted. One run: every batch once, the survivors' rounds one sequence, and it learns."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--workers", "3",
+         "--slowdowns", "1,2,2", "-n", "mlp", "--dataset", "synthetic", "--clock", "virtual",
+         "--time-budget", "3", "--eval-interval", "1", "--timeout", "20",
+         "--regroup-grace", "2", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+         "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, faults.ENV: "1:30:exit"})
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-3000:]
+    assert "rank-1 exited with code 17; sync goes on without it" in output, output[-3000:]
+    events = RunDir(run)
+    lost, = events.read_events("lost")
+    assert lost["ranks"] == [1] and lost["workers"] == [0, 2] and lost["round"] >= 30, lost
+    joined, = events.read_events("joined")
+    assert joined["rank"] == 1 and joined["round"] > lost["round"], joined
+    # between the loss and the join, rank 2 drew rank 1's shard beside its own
+    held = [r["round"] for r in _records(run, 2) for h in r.get("held", ()) if h["shard"] == 1]
+    assert held and lost["round"] <= held[0] and held[-1] <= joined["round"], (held, joined)
+    # the survivors recorded one sequence of rounds, each once
+    rounds = [[r["round"] for r in _records(run, rank)] for rank in (0, 2)]
+    assert rounds[0] == rounds[1] == sorted(set(rounds[0])), rounds
+    summary = summarize(run)
+    ledger = summary["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    assert ledger["per_worker"]["1"]["drawn_by"] == [1, 2], ledger
+    assert summary["complete"] and summary["final_accuracy"] > 0.5, summary
 
 
 @pytest.mark.slow

@@ -196,6 +196,90 @@ def test_sync_step_equals_sgd_on_the_mean_gradient_over_every_workers_samples(ba
         torch.testing.assert_close(got, expected)
 
 
+def _leaders_prior(seed: int, optimizer_cls=torch.optim.SGD, steps: int = 1, **kw):
+    """A model and optimizer with some history of their own: `steps` local steps on a batch
+    drawn from `seed` (momentum, or Adam's moments and step count)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    opt = optimizer_cls(model.parameters(), lr=LR, **kw)
+    for _ in range(steps):
+        x, y = _batch(seed)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model, opt
+
+
+def _sync_survivors(rank, world, batches):
+    """Rank 1 is lost; ranks 0 and 2 regrouped (group [0, 2]), and rank 2 holds rank 1's
+    shard. Each survivor had its own history; `rejoin` gives both the leader's, then one step
+    sums rank 0's own batch and rank 2's step on rank 1's batch (held: batch_share 4 / 2)."""
+    survivors = dist.new_group([0, 2])
+    if rank == 1:
+        return None
+    model, opt = _leaders_prior(seed=rank, momentum=0.9)
+    algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=2, group=survivors,
+                                                  collective="ring",
+                                                  sample_weight=sample_weight(batches, rank)))
+    algo.round = 7 if rank == 0 else 5
+    algo.rejoin()
+    x, y = _batch(0, batches[0]) if rank == 0 else _batch(1, batches[1])
+    algo.batch_share = 1.0 if rank == 0 else batches[1] / batches[2]
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    algo.perform(algo.decide(Step(0.0, 0.01)))
+    # by hand: the leader's model and momentum, one step on the mean gradient over the
+    # samples that arrived (rank 0's 8 and rank 1's 4)
+    ref, ref_opt = _leaders_prior(seed=0, momentum=0.9)
+    ref_opt.zero_grad()
+    xs, ys = zip(_batch(0, batches[0]), _batch(1, batches[1]))
+    torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    ref_opt.step()
+    momenta = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
+    ref_momenta = [ref_opt.state[p]["momentum_buffer"] for p in ref.parameters()]
+    return (algo.round, flatten(list(model.parameters())), flatten(list(ref.parameters())),
+            flatten(momenta), flatten(ref_momenta))
+
+
+def test_sync_survivors_take_the_leaders_state_and_average_over_the_samples_that_arrived():
+    """After a regroup, sync's sum is the mean over the samples the survivors brought (a
+    held shard's batch weighed as its own), and every survivor starts from the leader's
+    model, momentum and round — checked against one SGD step by hand."""
+    results = run_ranks(_sync_survivors, 3, (8, 4, 2))
+    for rank in (0, 2):
+        rounds, got, expected, momenta, ref_momenta = results[rank]
+        assert rounds == 8, rank  # the leader's round, then the step's
+        torch.testing.assert_close(got, expected, msg=f"rank {rank}: parameters")
+        torch.testing.assert_close(momenta, ref_momenta, msg=f"rank {rank}: momentum")
+
+
+def _leaders_adam(rank, world):
+    """Rank 0 took two Adam steps, rank 1 none (as a worker that joins): after
+    `take_leaders_state`, both hold rank 0's parameters, moments and step count."""
+    from hetsync.algorithms.leader_state import take_leaders_state
+
+    model, opt = _leaders_prior(seed=3, optimizer_cls=torch.optim.Adam,
+                                steps=2 if rank == 0 else 0)
+    if rank == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    counts = take_leaders_state(CommContext(rank=rank, workers=world), list(model.parameters()),
+                                opt, [float(10 + rank), 0.5])
+    state = {(i, k): v.clone() for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    return counts, flatten(list(model.parameters())), state
+
+
+def test_the_leaders_optimizer_state_reaches_a_member_that_has_none():
+    (counts0, params0, state0), (counts1, params1, state1) = run_ranks(_leaders_adam, 2)
+    assert counts0 == counts1 == [10.0, 0.5]
+    torch.testing.assert_close(params1, params0)
+    assert sorted(state1) == sorted(state0) and len(state0) == 6  # exp_avg(_sq), step: 2 params
+    for key, value in state0.items():
+        assert state1[key].dtype == value.dtype, key
+        torch.testing.assert_close(state1[key], value, msg=str(key))
+
+
 def _async_pushes(rank, world, mode):
     from hetsync.comm import ParameterServer, PSClient
 

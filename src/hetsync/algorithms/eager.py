@@ -36,7 +36,8 @@ from typing import Any, ClassVar
 import torch
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
-                                     set_gradients, unflatten_into)
+                                     set_gradients)
+from hetsync.algorithms.leader_state import take_leaders_state
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -138,25 +139,11 @@ class EagerSGD(Mode):
         return True  # the main thread waits on its engine, which hears the alarm
 
     def rejoin(self) -> None:
-        """After a regroup: a new engine on the new channel, from rank 0's parameters,
-        momentum and round counts (BatchNorm statistics are each worker's own here)."""
-        params = self.parameters()
-        tensors = list(params)
-        momenta = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in params]
-        has_momenta = float(all(m is not None for m in momenta))
-        head = self.comm.broadcast(torch.tensor([has_momenta, self.applied, self.round],
-                                                dtype=torch.float64))
-        if head[0]:
-            tensors += [m if m is not None else torch.zeros_like(p)
-                        for m, p in zip(momenta, params)]
-        else:
-            self.optimizer.state.clear()
-        unflatten_into(self.comm.broadcast_state(flatten([t.detach() for t in tensors])),
-                       tensors)
-        if head[0]:
-            for p, m in zip(params, tensors[-len(params):]):
-                self.optimizer.state[p]["momentum_buffer"] = m
-        self.applied, self.round = int(head[1]), int(head[2])
+        """After a regroup: a new engine on the new channel, from the leader's parameters,
+        optimizer state and round counts (`leader_state.py`; BatchNorm statistics are each
+        worker's own here)."""
+        self.applied, self.round = map(int, take_leaders_state(
+            self.comm, self.parameters(), self.optimizer, [self.applied, self.round]))
         self._start_engine()
 
     def join(self) -> None:

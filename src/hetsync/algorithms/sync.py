@@ -3,23 +3,36 @@
 Per step, on every worker:
 
 1. forward and backward on the local batch;
-2. all-reduce the gradients and the BatchNorm statistics (one flat buffer, with a count of
-   contributors, then the training loop's four floats of agreement: `ControlPath.WITH_SUM`,
-   one collective a step; a fast worker's wait for the slowest is inside it, timed as
-   `comm`) over the chosen collective and divide by the number of workers (under
-   `hetsync.wrap`, a worker whose data ran out contributes nothing and is not counted);
-   with `--balanced-batches` (LB-BSP: Chen et al., "Semi-dynamic load balancing", SoCC 2020)
-   each gradient is weighted by its batch first, so the mean is over samples;
-3. apply the same optimizer step everywhere, set the BatchNorm statistics to their mean.
+2. all-reduce the gradients, each weighted by its step's samples over a batch of -b
+   (`CommContext.sample_weight` × `Mode.batch_share`), the BatchNorm statistics, the weight,
+   and a count of contributors (one flat buffer, then the training loop's four floats of
+   agreement: `ControlPath.WITH_SUM`, one collective a step; a fast worker's wait for the
+   slowest is inside it, timed as `comm`) over the chosen collective;
+3. divide the gradients by the summed weight (the mean over every sample of the step: with
+   equal batches on every worker, the mean of the P gradients) and the statistics by the
+   count (under `hetsync.wrap`, a worker whose data ran out contributes nothing and is not
+   counted); apply the same optimizer step everywhere, set the BatchNorm statistics to
+   their mean.
 
-As ESync's `sync` trainer does, BatchNorm running statistics are averaged every step, so the
-workers' models stay identical.
+With `--balanced-batches` (LB-BSP: Chen et al., "Semi-dynamic load balancing", SoCC 2020) the
+batches differ and the weights make the mean one over samples. As ESync's `sync` trainer does,
+BatchNorm running statistics are averaged every step, so the workers' models stay identical.
+
+A lost worker (`runtime/membership.py`; where hetsync departs from SSGD as published, which
+stops): the sum fails on every survivor (gloo's connections close at once; a silent peer's
+at --timeout), the survivors regroup, and `rejoin` gives every survivor the leader's model,
+BatchNorm statistics, optimizer state and round (`leader_state.py`: no survivor applied the
+failed step, but none can know that of the others). The survivors go on, one of them drawing
+the lost worker's shard in turn with its own (`runtime/shards.py`): the sum divides by the
+samples that arrived, so it stays the mean over samples. The learning rate stays the run's.
+A worker that joins takes the same state (`admit`).
 """
 
 from __future__ import annotations
 
 from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics,
-                                     gradients, mean_of, pack, set_gradients, with_count)
+                                     gradients, pack, set_gradients, unflatten_into, with_count)
+from hetsync.algorithms.leader_state import take_leaders_state
 from hetsync.algorithms.registry import ModeSpec, register
 
 
@@ -37,16 +50,38 @@ class SynchronousSGD(Mode):
     def apply(self, action: Action) -> None:
         params = self.parameters()
         grads, stats = gradients(params), bn_statistics(self.model)
-        if self.comm.sample_weight != 1:  # the mean over samples where batches differ (every
-            # worker contributes: the weights are P's, and hetsync.wrap, which may leave one
-            # out, does not set them)
-            grads = [g * self.comm.sample_weight for g in grads]
-        mean, self.contributors = mean_of(self.sum_with_proposal(
-            with_count(pack(grads + stats), not self.joined)))
+        weight = 0.0 if self.joined else self.comm.sample_weight * self.batch_share
+        summed = self.sum_with_proposal(with_count(pack(
+            [g * weight for g in grads] + stats + [grads[0].new_tensor([weight])]),
+            not self.joined))
+        self.contributors = int(round(float(summed[-1])))
         if self.contributors:  # (none: every worker has joined, nothing to apply)
-            set_gradients(mean, params, stats)
+            n = sum(g.numel() for g in grads)
+            set_gradients(summed[:n] / summed[-2], params)
+            unflatten_into(summed[n:-2] / self.contributors, stats)
             self.optimizer.step()
 
+    @classmethod
+    def goes_on_without_a_worker(cls, options) -> bool:
+        return True  # a sum with a lost peer fails (at once, or at --timeout if it is silent)
+
+    @classmethod
+    def admits_a_worker(cls, options) -> bool:
+        return True
+
+    def rejoin(self) -> None:
+        """After a regroup: the leader's model, statistics, optimizer state and round."""
+        self._take_leaders()
+
+    def admit(self, joined: bool) -> None:
+        """A worker joins at a round's end: every member, the joiner too, holds the leader's
+        model, statistics, optimizer state and round."""
+        self._take_leaders()
+
+    def _take_leaders(self) -> None:
+        tensors = self.parameters() + list(self.model.buffers())
+        self.round = int(take_leaders_state(self.comm, tensors, self.optimizer,
+                                            [self.round])[0])
 
 register(ModeSpec("sync", SynchronousSGD, "one step; mean of all gradients; the same update "
                   "everywhere (SSGD)", lr_scaling="workers", lr_note="x workers",
