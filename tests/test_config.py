@@ -166,8 +166,8 @@ def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
      "--balanced-batches: invalid value True; expected 0 on --partition dirichlet"),
     (["--balanced-batches", "1", "-b", "7"], "-b/--batch-size: invalid value 7; expected at "
                                              "least 8 with --balanced-batches 1"),
-    (["-m", "sync", "--spare-workers", "1"], "--spare-workers: invalid value 1; expected 0 "
-                                             "with -m sync: spares join the running job in"),
+    (["-m", "ddp", "--spare-workers", "1"], "--spare-workers: invalid value 1; expected 0 "
+                                            "with -m ddp: spares join the running job in"),
     (["--spare-workers", "3"], "--spare-workers: invalid value 3; expected an integer in 0..2 "
                                "(the run starts with at least two workers of --workers 4)"),
     (["--spare-workers", "1", "--spare-start", "-1"], "--spare-start: invalid value -1.0"),

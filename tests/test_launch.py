@@ -141,24 +141,28 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         _records(run_dir, rank)
 
 
-def test_sync_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(tmp_path):
-    """sync, 3 workers on the virtual clock: rank 1 exits after round 30. Ranks 0 and 2
-    regroup and go on, rank 2 drawing rank 1's shard; launch starts rank 1 again and it is
-    admitted. One run: every batch once, the survivors' rounds one sequence, and it learns."""
+@pytest.mark.parametrize("mode, at", [("sync", 30), ("diloco", 10)])
+def test_a_blocking_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
+        tmp_path, mode, at):
+    """sync, and DiLoCo's blocking rounds, 3 workers on the virtual clock: rank 1 exits
+    after round `at`. Ranks 0 and 2 regroup and go on, rank 2 drawing rank 1's shard; launch
+    starts rank 1 again and it is admitted. One run: every batch once, the survivors' rounds
+    one sequence, and it learns."""
     run = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "hetsync", "launch", "-m", "sync", "--workers", "3",
+        [sys.executable, "-m", "hetsync", "launch", "-m", mode, "--workers", "3",
          "--slowdowns", "1,2,2", "-n", "mlp", "--dataset", "synthetic", "--clock", "virtual",
          "--time-budget", "3", "--eval-interval", "1", "--timeout", "20",
          "--regroup-grace", "2", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
          "--no-figures", "--no-live"],
-        capture_output=True, text=True, timeout=240, env={**os.environ, faults.ENV: "1:30:exit"})
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, faults.ENV: f"1:{at}:exit"})
     output = out.stdout + out.stderr
     assert out.returncode == 0, output[-3000:]
-    assert "rank-1 exited with code 17; sync goes on without it" in output, output[-3000:]
+    assert f"rank-1 exited with code 17; {mode} goes on without it" in output, output[-3000:]
     events = RunDir(run)
     lost, = events.read_events("lost")
-    assert lost["ranks"] == [1] and lost["workers"] == [0, 2] and lost["round"] >= 30, lost
+    assert lost["ranks"] == [1] and lost["workers"] == [0, 2] and lost["round"] >= at, lost
     joined, = events.read_events("joined")
     assert joined["rank"] == 1 and joined["round"] > lost["round"], joined
     # between the loss and the join, rank 2 drew rank 1's shard beside its own

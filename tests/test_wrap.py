@@ -600,10 +600,10 @@ def _one_of_three_dies(rank, world, mode, run_dir, victim=1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+@pytest.mark.parametrize("mode", ["sync", "diloco", "esync-outer", "eager-solo"])
 def test_a_wrapped_run_goes_on_without_a_worker_that_died(mode, tmp_path):
-    """kill -9 of a worker under `wrap` in a mode whose workers go on without one (ESync's
-    background rounds, eager-SGD): the survivors regroup as under `launch`, name the lost
+    """kill -9 of a worker under `wrap` in a mode whose workers go on without one (sync,
+    ESync's background rounds, eager-SGD): the survivors regroup as under `launch`, name the lost
     worker, train on, and end with one model."""
     first, died, last = run_ranks(_one_of_three_dies, 3, mode, tmp_path, timeout=150,
                                   allow_failures=True)
@@ -619,7 +619,7 @@ def test_a_wrapped_run_goes_on_without_a_worker_that_died(mode, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+@pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo"])
 def test_a_wrapped_run_goes_on_without_rank_0_and_the_lowest_survivor_leads(mode, tmp_path):
     """kill -9 of rank 0 where the store is not in its process (torchrun's agent holds it):
     the others go on — in ESync without the state server that was rank 0's thread, on its
@@ -752,7 +752,7 @@ def test_hetsyncs_batch_sampler_gives_each_worker_its_own_shard_once_an_epoch(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["esync-outer", "eager-solo"])
+@pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo"])
 def test_a_lost_workers_shard_is_drawn_by_a_survivor_under_wrap(mode, tmp_path):
     """kill -9 of rank 1 at its 10th batch of epoch 0, in a mode whose survivors go on:
     the survivor that holds its shard now (`shards.holder`: rank 2) draws the rest of it

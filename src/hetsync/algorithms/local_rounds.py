@@ -271,9 +271,10 @@ class LocalRounds(Mode):
 
     @classmethod
     def goes_on_without_a_worker(cls, options: Any) -> bool:
-        # In the background the main thread waits only on its channel, which can be told
-        # to give up; blocking, it sits in gloo until the timeout.
-        return bool(getattr(options, "overlap", False))
+        # In the background the main thread waits on its channel, which the alarm tells to
+        # give up; blocking, its sum fails once a dead peer's connections close (at
+        # --timeout for a silent one), as `sync`'s does.
+        return True
 
     @classmethod
     def admits_a_worker(cls, options: Any) -> bool:
