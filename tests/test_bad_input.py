@@ -522,10 +522,17 @@ def test_a_spares_process_started_with_the_others_is_told_to_join(monkeypatch, c
                           "1"], capsys)
     assert_one_line(code, err, "rank 2 is a spare (--spare-workers 1): start it with --join")
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun would start the spare too
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun started the spare too
     code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
                           "1"], capsys)
-    assert_one_line(code, err, "--spare-workers: torchrun starts every rank of the world")
+    assert_one_line(code, err, "--spare-workers 1: torchrun started 3 processes, the spares' "
+                               "too; start 2 (the first workers)")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the first workers, in a mode whose server's rank
+    code, err = run_main(["worker", "-m", "async", "--workers", "3", "--spare-workers",
+                          "1"], capsys)  # would be a first worker's
+    assert_one_line(code, err, "--spare-workers: under torchrun, only in a mode without a "
+                               "parameter server")
+    monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")  # started by hand, around torch's own store
     code, err = run_main(["worker", "-m", "esync-outer", "--workers", "3", "--spare-workers",
                           "1"], capsys)

@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -44,11 +45,15 @@ def _hetsync(*args, **kw) -> subprocess.CompletedProcess:
                           text=True, timeout=300, **kw)
 
 
-def _two_hosts(tmp_path, mode: str, workers: int):
-    """The run on two emulated hosts of 2 processes each; each host's run directory."""
+def _two_hosts(tmp_path, mode: str, workers: int, *flags: str, spare: bool = False):
+    """The run on two emulated hosts of 2 processes each; each host's run directory.
+    `spare`: the last of `workers` is a spare (`--spare-workers 1`), started on host 1 with
+    `hetsync worker --join` against torchrun's store once the run has begun."""
     env = {**os.environ, "HETSYNC_TOKEN": secrets.token_hex(8)}
-    args = ["-m", mode, "--workers", str(workers), "--run-name", "exp", *COMMON]
-    server = None
+    args = ["-m", mode, "--workers", str(workers), "--run-name", "exp", *COMMON, *flags]
+    if spare:
+        args += ["--spare-workers", "1"]
+    server = joiner = None
     with LimitedNetwork(2, "10gbit") as net:
         env["GLOO_SOCKET_IFNAME"] = net.interface
         try:
@@ -68,7 +73,25 @@ def _two_hosts(tmp_path, mode: str, workers: int):
                 "-m", "hetsync", "worker", *args, "-ld", str(tmp_path / f"host{k}")]),
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for k in (0, 1)]
+            if spare:  # a machine that becomes free mid-run: rank `workers - 1`, on host 1
+                records = tmp_path / "host0" / "exp" / "worker-0.jsonl"
+                deadline = time.monotonic() + 120
+                while not (records.exists() and records.read_text().count("\n") >= 5):
+                    ended = [h.communicate()[0][:3000] for h in hosts if h.poll() is not None]
+                    assert not ended and time.monotonic() < deadline, ended
+                    time.sleep(0.2)
+                joiner = subprocess.Popen(net.command(1, [
+                    sys.executable, "-m", "hetsync", "worker", *args, "--join", "--run-dir",
+                    str(tmp_path / "host1" / "exp")]), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True,
+                    env={**env, "RANK": str(workers - 1), "WORLD_SIZE": str(workers),
+                         "LOCAL_RANK": "0", "MASTER_ADDR": net.address(0),
+                         "MASTER_PORT": master_port, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                         "TORCHELASTIC_RESTART_COUNT": "0"})
             outputs = [host.communicate(timeout=300)[0] for host in hosts]
+            if joiner is not None:
+                outputs.append(joiner.communicate(timeout=120)[0])
+                hosts.append(joiner)
             request = urllib.request.Request(
                 f"http://{net.bridge_address}:{port}/live/data",
                 headers={"Authorization": f"Bearer {env['HETSYNC_TOKEN']}"})
@@ -121,3 +144,29 @@ def test_two_hosts_gathered_summarise_as_one_host_of_the_same_size(tmp_path, mod
           f"{single['throughput']:.0f} samples/s, ratio {ratio:.2f}")
     # the same devices and links modelled: the same speed within the asynchronous modes' noise
     assert ratio == pytest.approx(1.0, rel=0.05), (two["throughput"], single["throughput"])
+
+
+def test_a_worker_that_was_never_part_of_the_run_joins_a_running_two_host_torchrun_job(
+        tmp_path):
+    """esync-outer, 5 workers, the last a spare: torchrun starts the first four on two hosts;
+    once they train, `hetsync worker --join` starts the fifth on host 1 against torchrun's
+    store. It is admitted at a round's end, trains to the end, draws its shard from where the
+    member that held it meanwhile got to (no batch twice or skipped), and is in the records
+    and on the live page."""
+    # (spares start by the wall clock: each step topped up to the given step work)
+    (host0, host1), live = _two_hosts(tmp_path, "esync-outer", 5, "--clock", "wall",
+                                      "--time-budget", "20", spare=True)
+    gathered = tmp_path / "gathered"
+    out = _hetsync("gather", str(gathered), str(host0), str(host1))
+    assert out.returncode == 0, out.stdout + out.stderr
+    joined = [json.loads(line) for line in (host1 / "events.jsonl").read_text().splitlines()
+              if json.loads(line)["event"] == "joined"]
+    assert [e["rank"] for e in joined] == [4], joined
+    summary = summarize(gathered)
+    assert summary["complete"] and [w["rank"] for w in summary["per_worker"]] == [0, 1, 2, 3, 4]
+    spare = next(w for w in summary["per_worker"] if w["rank"] == 4)
+    assert spare["rounds"] > 5, spare
+    ledger = summary["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    assert ledger["per_worker"]["4"]["drawn_by"] == [0, 4], ledger  # (holder(4, [0..3]))
+    assert [w["rank"] for w in live["workers"]] == [0, 1, 2, 3, 4]

@@ -77,12 +77,7 @@ def run_process(cfg: Config, run_dir: str | Path | None = None, progress=None,
         raise ConfigError("--clock virtual: expected --step-work with it (launch and bench "
                           "measure it): a step's virtual time is its device's slowdown x the "
                           "reference's work, which must not depend on this machine's load")
-    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    if world != cfg.world_size:
-        need = (f"{cfg.workers} workers + 1 parameter server" if cfg.needs_ps
-                else f"{cfg.workers} workers")
-        raise ConfigError(f"WORLD_SIZE={world} but this run needs {cfg.world_size} processes "
-                          f"({need}); set --workers or the number of processes to match")
+    rank, world = _env_int("RANK", 0), _world(cfg, _env_int("WORLD_SIZE", 1), resume, join)
     spares = _spares(cfg, rank, resume, join)
     torch.set_num_threads(cfg.threads)
     device = pick_device(cfg, _env_int("LOCAL_RANK", 0))
@@ -158,15 +153,41 @@ def _elastic_store(world: int, timeout: datetime.timedelta):
     return dist.PrefixStore(f"hetsync/attempt-{restart}", store)
 
 
+def _world(cfg: Config, started: int, resume, join: bool) -> int:
+    """The run's world size: `started` (WORLD_SIZE), or, where torchrun started the first
+    workers of a run with spares (`--spare-workers`), theirs and the spares', which join it
+    later with `hetsync worker --join`. ConfigError where it is neither."""
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if under_torchrun and cfg.spare_workers and not (resume or join):
+        if cfg.needs_ps:
+            raise ConfigError("--spare-workers: under torchrun, only in a mode without a "
+                              "parameter server (its rank is the world's last, which torchrun "
+                              "would give a first worker); start the run with hetsync launch")
+        first = cfg.world_size - cfg.spare_workers
+        if started == first:
+            return cfg.world_size
+        if started == cfg.world_size:
+            raise ConfigError(f"--spare-workers {cfg.spare_workers}: torchrun started "
+                              f"{started} processes, the spares' too; start {first} (the "
+                              f"first workers) and each spare later with hetsync worker "
+                              f"--join")
+    if started != cfg.world_size:
+        need = (f"{cfg.workers} workers + 1 parameter server" if cfg.needs_ps
+                else f"{cfg.workers} workers")
+        first = (f", or under torchrun {cfg.world_size - cfg.spare_workers} (all but the "
+                 f"--spare-workers {cfg.spare_workers})"
+                 if under_torchrun and cfg.spare_workers and not (resume or join) else "")
+        raise ConfigError(f"WORLD_SIZE={started} but this run needs {cfg.world_size} "
+                          f"processes ({need}){first}; set --workers or the number of "
+                          f"processes to match")
+    return started
+
+
 def _spares(cfg: Config, rank: int, resume, join: bool) -> list[int]:
     """The spares (`--spare-workers`) the run starts without; none for a resumed run, which
     starts every rank. ConfigError for a spare's own process started without `--join`."""
     if not cfg.spare_workers or join:
         return []
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        raise ConfigError("--spare-workers: torchrun starts every rank of the world at once; "
-                          "start the run with hetsync launch, or the first workers yourself "
-                          "and each spare later with hetsync worker --join")
     if resume:
         return []
     spares = cfg.spare_ranks
@@ -273,16 +294,40 @@ def _with_joiners(ranks: list[dict], store, absent: list[int]) -> list[dict]:
     return [{**r, **where.get(r["rank"], {})} for r in ranks]
 
 
+#: what a worker that joins from another machine needs of run.json (`_publish_run`)
+RUN = "hetsync/run"
+
+
+def _publish_run(store, name: str, ranks: list[dict], start_time: float) -> None:
+    """Rank 0 puts the run's name, ranks and start in the store, for a worker that joins
+    from a machine that cannot read its run.json (a spare under torchrun)."""
+    if store is None:  # (one worker: nobody joins)
+        return
+    try:
+        shared(store).set(RUN, json.dumps({"run_name": name, "ranks": ranks,
+                                           "start_time": start_time}))
+    except Exception:  # noqa: BLE001 - a store out of reach: a joiner finds run.json or stops
+        pass
+
+
 def _joined_run(run_dir) -> dict:
-    """The run.json of the running job that `--join` enters."""
+    """What `--join` needs of the running job it enters: its run.json in `run_dir`, or
+    where this machine has none (another machine's run), what rank 0 put in the store."""
     try:
         run = json.loads(RunDir(run_dir).run.read_text())
         run["run_name"]
         return run
     except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(f"--join: {run_dir} has no readable run.json: give --run-dir the "
-                          f"directory of the running job to join, once it has started "
-                          f"training") from None
+        pass
+    try:
+        store = shared(dist.distributed_c10d._get_default_store())
+        if store.check([RUN]):
+            return json.loads(store.get(RUN))
+    except Exception:  # noqa: BLE001 - a store out of reach: the error below
+        pass
+    raise ConfigError(f"--join: {run_dir} has no readable run.json, and the run's store "
+                      f"names no running job: give --run-dir the directory of the running "
+                      f"job to join, once it has started training")
 
 
 @dataclass
@@ -412,6 +457,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                         "restarted": own.get("lost", [])}
             if rank == 0 and not join:
                 RunDir(run_dir).write_run(_run_info(**info, mode_info=mode.record()))
+                _publish_run(store, name, ranks, start_time)
             poster = _live_poster(cfg, run_dir, plan, name)
             if cfg.finish_grace is not None:  # a wedged run ends, saying where (torchrun too)
                 faulthandler.register(signal.SIGUSR1, all_threads=True)  # (launch's asks)
