@@ -141,13 +141,13 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         _records(run_dir, rank)
 
 
-@pytest.mark.parametrize("mode, at", [("sync", 30), ("diloco", 10)])
-def test_a_blocking_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
+@pytest.mark.parametrize("mode, at", [("sync", 30), ("esync-outer", 10)])
+def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
         tmp_path, mode, at):
-    """sync, and DiLoCo's blocking rounds, 3 workers on the virtual clock: rank 1 exits
-    after round `at`. Ranks 0 and 2 regroup and go on, rank 2 drawing rank 1's shard; launch
-    starts rank 1 again and it is admitted. One run: every batch once, the survivors' rounds
-    one sequence, and it learns."""
+    """sync's blocking sum and esync-outer's background rounds, 3 workers on the virtual
+    clock: rank 1 exits after round `at`. Ranks 0 and 2 regroup and go on, rank 2 drawing
+    rank 1's shard; launch starts rank 1 again and it is admitted. One run: every batch
+    once, the survivors' rounds one sequence, and it learns."""
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "hetsync", "launch", "-m", mode, "--workers", "3",

@@ -600,7 +600,7 @@ def _one_of_three_dies(rank, world, mode, run_dir, victim=1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "diloco", "esync-outer", "eager-solo"])
+@pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo"])
 def test_a_wrapped_run_goes_on_without_a_worker_that_died(mode, tmp_path):
     """kill -9 of a worker under `wrap` in a mode whose workers go on without one (sync,
     ESync's background rounds, eager-SGD): the survivors regroup as under `launch`, name the lost

@@ -1,11 +1,11 @@
 """Going on without a lost worker: the survivors agree on who they are through the process
 group's key-value store, then make new groups of themselves alone.
 
-For modes whose workers can lose one (`sync`, ESync, DiLoCo, eager-SGD): a collective with a
-dead peer fails on the ranks connected to it at once (the connection closes) and on the
-others at the channel's timeout (a blocking gloo all-reduce failed on every survivor within
-0.05 s of a kill -9: `results/sync-going-on-probe.md`). So that nobody waits that long in the
-background:
+For modes whose workers can lose one (`sync`, ESync and DiLoCo in the background,
+eager-SGD): a collective with a dead peer fails on the ranks connected to it at once (the
+connection closes) and on the others at the channel's timeout (a blocking gloo all-reduce
+failed on every survivor within 0.05 s of a kill -9: `results/sync-going-on-probe.md`). So
+that nobody waits that long in the background:
 
 1. a survivor whose collective failed raises the alarm: it sets ``regroup/G`` in the store
    (G counts the regroups of the run) and registers ``regroup/G/alive/RANK``;
