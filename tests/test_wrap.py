@@ -457,11 +457,11 @@ def test_a_refused_run_dir_leaves_no_server_running(tmp_path):
     assert threading.active_count() <= before   # its state server's thread stopped
 
 
-def _one_raises(rank, world):
+def _one_raises(rank, world, mode):
     torch.manual_seed(0)
     model = _model()
     try:
-        with hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync",
+        with hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode,
                           timeout=30) as opt:
             for i, (x, y) in enumerate(_task(rank, 10)[2]):
                 if rank == 1 and i == 3:
@@ -476,12 +476,22 @@ def _one_raises(rank, world):
 
 @pytest.mark.slow
 def test_a_worker_that_fails_mid_run_is_named_with_its_cause_by_the_others():
+    """SelSync, which cannot go on without a worker: the other stops, naming it and why."""
     began = time.monotonic()
-    waiting, failed = run_ranks(_one_raises, 2, timeout=90)
+    waiting, failed = run_ranks(_one_raises, 2, "selsync", timeout=90)
     assert failed == "ValueError: boom in the user's loop"
     assert waiting.startswith("CommError: worker 0: round 4 could not complete: worker 1 "
                               "raised ValueError: boom in the user's loop"), waiting
     assert time.monotonic() - began < 60   # not the 30 s collective timeout twice over
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_mid_run_in_sync_is_lost_and_the_other_goes_on():
+    """sync goes on without a worker whose loop raised, as without a killed one: the
+    raising worker sees its own error, the other finishes alone."""
+    waiting, failed = run_ranks(_one_raises, 2, "sync", timeout=90)
+    assert failed == "ValueError: boom in the user's loop"
+    assert waiting == "finished"
 
 
 def _user_collectives(rank, world, mode):
