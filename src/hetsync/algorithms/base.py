@@ -552,11 +552,3 @@ def with_count(buffer: torch.Tensor, contributes: bool) -> torch.Tensor:
     if contributes:
         return torch.cat([buffer, flag])
     return torch.cat([torch.zeros_like(buffer), flag * 0])
-
-
-def mean_of(summed: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the mean over its contributors, their count) of a sum of `with_count` buffers (zeros
-    when none contributed). With every worker contributing, the count is P: the mean is
-    the sum / P, as before joining existed."""
-    n = int(round(float(summed[-1])))
-    return (summed[:-1] / n if n > 0 else torch.zeros_like(summed[:-1])), n

@@ -157,8 +157,9 @@ def _world(cfg: Config, started: int, resume, join: bool) -> int:
     """The run's world size: `started` (WORLD_SIZE), or, where torchrun started the first
     workers of a run with spares (`--spare-workers`), theirs and the spares', which join it
     later with `hetsync worker --join`. ConfigError where it is neither."""
-    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-    if under_torchrun and cfg.spare_workers and not (resume or join):
+    spares_under_torchrun = ("TORCHELASTIC_RUN_ID" in os.environ and cfg.spare_workers
+                             and not (resume or join))
+    if spares_under_torchrun:
         if cfg.needs_ps:
             raise ConfigError("--spare-workers: under torchrun, only in a mode without a "
                               "parameter server (its rank is the world's last, which torchrun "
@@ -176,7 +177,7 @@ def _world(cfg: Config, started: int, resume, join: bool) -> int:
                 else f"{cfg.workers} workers")
         first = (f", or under torchrun {cfg.world_size - cfg.spare_workers} (all but the "
                  f"--spare-workers {cfg.spare_workers})"
-                 if under_torchrun and cfg.spare_workers and not (resume or join) else "")
+                 if spares_under_torchrun else "")
         raise ConfigError(f"WORLD_SIZE={started} but this run needs {cfg.world_size} "
                           f"processes ({need}){first}; set --workers or the number of "
                           f"processes to match")
