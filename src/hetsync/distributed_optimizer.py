@@ -205,7 +205,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # background rounds, eager-SGD; the whole world's workers: global ranks)
             self._membership = Membership(self._shard_store, rank,
                                           list(range(workers)), timeout=record["timeout"])
-            self.mode.comm.channel.alarm = self._membership.alarm
+            self.mode.comm.hear(self._membership.alarm)
         #: the step's account where nothing is recorded (one, not one per step)
         self._unrecorded = RoundAccount()
         self._step_started = self.mode.comm.timer.begin()

@@ -34,7 +34,7 @@ import zlib
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
@@ -139,6 +139,10 @@ class CommContext:
     generation: int = 0  # the members' groups made so far: 0, then one per regroup or join
     #: this worker's share of a step's samples × P: 1 unless batches differ (--balanced-batches)
     sample_weight: float = 1.0
+    #: whether a member raised the alarm for a regroup (`hear`; None: nobody listens)
+    alarm: Callable[[], bool] | None = None
+    #: the thread the main thread's collectives run on while `alarm` is heard (`hear`)
+    runner: object | None = None
     #: the run's workers, the spares that have not joined yet too (0: `workers`)
     run_workers: int = 0
 
@@ -148,14 +152,54 @@ class CommContext:
         NCCL."""
         return self.comm_device or self.device
 
+    def hear(self, alarm: Callable[[], bool] | None) -> None:
+        """Where the workers go on without a lost one (`runtime/membership.py`): `alarm`
+        says whether a member has raised the alarm for a regroup. The background channel's
+        waits look at it, and from now on so do the main thread's collectives', which run on
+        a thread of their own (`runner`, on the main group). Why: gloo fails a wait only on
+        the connection that closed, so a member waiting on a live peer that has gone to
+        regroup would sit there until --timeout (with four or more workers a native sum's
+        non-neighbours of the dead rank do; so does a butterfly's folded rank with three)
+        and register after the others' grace; hearing the alarm, it gives up within half a
+        second (`ChannelFuture.ALARM_EVERY`) and regroups with them."""
+        from hetsync.comm.channel import Channel
+
+        self.alarm = alarm
+        if self.channel is not None:
+            self.channel.alarm = alarm
+        self._close_runner()
+        if alarm is not None and self.workers > 1:
+            self.runner = Channel(self.group, timeout=self.timeout, name="hetsync-collectives")
+            self.runner.alarm = alarm
+
+    def _close_runner(self) -> None:
+        old, self.runner = self.runner, None
+        if old is not None:  # (a job stuck on a lost peer ends with its own timeout)
+            old.close(wait=False)
+
+    def _blocking(self, job: Callable[[], Any], what: str) -> Any:
+        """Run `job` (collectives on the main group) where its wait hears the alarm: on
+        `runner` where there is one, else here."""
+        if self.runner is None:
+            return job()
+        return self.runner.submit(lambda _group: job(), what).result()
+
     def all_reduce(self, buffer: torch.Tensor) -> torch.Tensor:
         """Sum `buffer` over the workers with the chosen collective; time it as `comm`."""
         if self.workers == 1:
             return buffer
         with self.clock.phase("comm"):
+            return self.sum_on_group(buffer)
+
+    def sum_on_group(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Sum `buffer` over the workers' main group with the chosen collective (untimed:
+        the caller times its phase), hearing the alarm (`hear`)."""
+        def job() -> torch.Tensor:
             summed = self.reduce(buffer, self.group)
             self._meet(buffer, self.collective)
             return summed
+
+        return self._blocking(job, f"a sum of {buffer.numel()} elements")
 
     def _meet(self, buffer: torch.Tensor, algorithm: str | None) -> None:
         """On a virtual clock: a blocking collective of `buffer` over the group is also a
@@ -180,9 +224,13 @@ class CommContext:
 
         on_wire = flag.to(self.wire_device)
         algorithm = "star" if self.collective == "star" else "butterfly"
-        with self.clock.phase(phase):
+
+        def job() -> None:
             all_reduce(on_wire, algorithm=algorithm, group=self.group, timeout=self.timeout)
             self._meet(on_wire, algorithm)
+
+        with self.clock.phase(phase):
+            self._blocking(job, f"a barrier of {on_wire.numel()} elements")
         return on_wire.cpu()
 
     def start_all_reduce(self, buffer: torch.Tensor, what: str):
@@ -225,8 +273,12 @@ class CommContext:
             return tensor
         on_wire = tensor.to(self.wire_device)
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        dist.broadcast(on_wire, src=src, group=self.group)
-        self._meet(on_wire, None)
+
+        def job() -> None:
+            dist.broadcast(on_wire, src=src, group=self.group)
+            self._meet(on_wire, None)
+
+        self._blocking(job, f"a broadcast of {on_wire.numel()} elements")
         return on_wire.to(tensor.device)
 
     #: the most elements one broadcast of `broadcast_state` carries (16 MB of float32)
@@ -260,6 +312,7 @@ class CommContext:
         from hetsync.comm.channel import Channel
 
         old, self.channel = self.channel, None
+        self._close_runner()  # (`hear` makes the new group's)
         self.group, self.workers, self.generation = group, len(members), generation
         if len(members) > 1:
             self.channel = Channel(channel_group, timeout=self.timeout)

@@ -19,8 +19,9 @@ batches differ and the weights make the mean one over samples. As ESync's `sync`
 BatchNorm running statistics are averaged every step, so the workers' models stay identical.
 
 A lost worker (`runtime/membership.py`; where hetsync departs from SSGD as published, which
-stops): the sum fails on every survivor (gloo's connections close at once; a silent peer's
-at --timeout), the survivors regroup, and `rejoin` gives every survivor the leader's model,
+stops): the sum fails on the survivors connected to the lost worker (gloo's connections close
+at once; a silent peer's at --timeout), the others hear the regroup's alarm while they wait
+(`CommContext.hear`), the survivors regroup, and `rejoin` gives every survivor the leader's model,
 BatchNorm statistics, optimizer state and round (`leader_state.py`: no survivor applied the
 failed step, but none can know that of the others). The survivors go on, one of them drawing
 the lost worker's shard in turn with its own (`runtime/shards.py`): the sum divides by the

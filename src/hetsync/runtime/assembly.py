@@ -43,9 +43,11 @@ class Assembly:
 
     def close(self, wait: bool = True) -> None:
         """Stop the background channel (`wait`: for its jobs; not after a failure, when its
-        daemon thread dies with the process) and close the service's connection."""
+        daemon thread dies with the process) and the collectives' thread, if any, and close
+        the service's connection."""
         if self.comm.channel is not None:
             self.comm.channel.close(wait=wait)
+        self.comm.hear(None)
         if self.comm.service is not None:
             self.comm.service.close()
 

@@ -416,7 +416,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                                 grace=cfg.regroup_grace)
     if membership is not None:
         if not join:  # (a joiner's channel comes with its admission)
-            mode.comm.channel.alarm = membership.alarm
+            mode.comm.hear(membership.alarm)
     # (a joiner numbers on after its lost process's: the asynchronous modes' ranks number
     # apart; a regrouping mode's admission gives the leader's count)
     checkpointer = (checkpoint.Checkpointer(run_dir, rank, start=own["index"] if own else (
