@@ -142,12 +142,12 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
 
 
 @pytest.mark.parametrize("mode, at, workers", [("sync", 30, 3), ("sync", 30, 4),
-                                                ("esync-outer", 10, 3)])
+                                                ("selsync", 30, 3), ("esync-outer", 10, 3)])
 def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
         tmp_path, mode, at, workers):
-    """sync's blocking sum and esync-outer's background rounds on the virtual
-    clock: rank 1 exits after round `at`. The others regroup and go on, rank 2 drawing rank
-    1's shard; launch starts rank 1 again and it is admitted. One run: every batch once, the
+    """sync's and SelSync's blocking sums and esync-outer's background rounds on the virtual
+    clock: rank 1 exits after round `at`. The others regroup and go on, one of them drawing
+    rank 1's shard; launch starts rank 1 again and it is admitted. One run: every batch once, the
     survivors' rounds one sequence, and it learns. With 4 workers rank 3 waits in the sum on
     a live peer, not on the dead one: it hears the alarm and is in the regroup too."""
     run = tmp_path / "run"

@@ -253,6 +253,42 @@ def test_sync_survivors_take_the_leaders_state_and_average_over_the_samples_that
         torch.testing.assert_close(momenta, ref_momenta, msg=f"rank {rank}: momentum")
 
 
+def _selsync_survivors_and_joiner(rank, world):
+    """Rank 1 is lost: ranks 0 and 2 (group [0, 2]) `rejoin`, each from a model of its own;
+    then rank 1 comes back with a model of its own and all three `admit` it."""
+    from hetsync.algorithms.selsync import SelSync
+
+    survivors = dist.new_group([0, 2])
+    model, opt = _leaders_prior(seed=rank)
+    parts = lambda: flatten(list(model.parameters()))  # noqa: E731
+    own = parts()
+    after_rejoin = None
+    if rank != 1:
+        algo = SelSync(model, opt, CommContext(rank=rank, workers=2, group=survivors))
+        algo.round = 7 if rank == 0 else 6
+        algo.rejoin()
+        after_rejoin = (algo.round, parts())
+    algo = SelSync(model, opt, CommContext(rank=rank, workers=world))
+    algo.round = 9 if rank == 0 else 3
+    algo.admit(joined=rank == 1)
+    return own, after_rejoin, (algo.round, parts())
+
+
+def test_selsync_survivors_average_their_models_and_a_joiner_takes_the_members_mean():
+    (own0, rejoined0, admitted0), (own1, _, admitted1), (own2, rejoined2, admitted2) = \
+        run_ranks(_selsync_survivors_and_joiner, 3)
+    mean = (own0 + own2) / 2
+    for rounds, params in (rejoined0, rejoined2):
+        assert rounds == 7  # the leader's
+        torch.testing.assert_close(params, mean)
+    for rounds, params in (admitted0, admitted1, admitted2):
+        assert rounds == 9
+        # the members' mean again (their models were the mean already), the joiner's own
+        # model not in it
+        torch.testing.assert_close(params, mean)
+    assert not torch.allclose(own1, mean)
+
+
 def _leaders_adam(rank, world):
     """Rank 0 took two Adam steps, rank 1 none (as a worker that joins): after
     `take_leaders_state`, both hold rank 0's parameters, moments and step count."""

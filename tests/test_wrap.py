@@ -476,11 +476,12 @@ def _one_raises(rank, world, mode):
 
 @pytest.mark.slow
 def test_a_worker_that_fails_mid_run_is_named_with_its_cause_by_the_others():
-    """SelSync, which cannot go on without a worker: the other stops, naming it and why."""
+    """DiLoCo's blocking rounds, which cannot go on without a worker: the other stops,
+    naming it and why."""
     began = time.monotonic()
-    waiting, failed = run_ranks(_one_raises, 2, "selsync", timeout=90)
+    waiting, failed = run_ranks(_one_raises, 2, "diloco", timeout=90)
     assert failed == "ValueError: boom in the user's loop"
-    assert waiting.startswith("CommError: worker 0: round 4 could not complete: worker 1 "
+    assert waiting.startswith("CommError: worker 0: round 1 could not complete: worker 1 "
                               "raised ValueError: boom in the user's loop"), waiting
     assert time.monotonic() - began < 60   # not the 30 s collective timeout twice over
 

@@ -23,6 +23,11 @@ all-reduce, counted as evaluation; the local models are put back after it), and 
 with that average as its model, where the published code would keep each worker's own. The vote
 blocks every step, so SelSync runs at the slowest worker's pace under compute heterogeneity:
 it saves communication, never waiting.
+
+A lost worker (`runtime/membership.py`; the paper does not say): the vote's sum fails on every
+survivor, the survivors regroup and `rejoin` averages their models (one of them may have
+averaged in the failed step and another not), then they go on, one drawing the lost worker's
+shard in turn (`runtime/shards.py`). A worker that joins (`admit`) takes the members' mean.
 """
 
 from __future__ import annotations
@@ -160,7 +165,7 @@ class SelSync(Mode):
 
     def _sum(self, buffer: torch.Tensor, phase: str) -> torch.Tensor:
         with self.comm.clock.phase(phase):
-            return self.comm.reduce(buffer, self.comm.group)
+            return self.comm.sum_on_group(buffer)
 
     def _model_parts(self) -> list[torch.Tensor]:
         return self.parameters() + bn_statistics(self.model)
@@ -195,6 +200,37 @@ class SelSync(Mode):
             unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
         self._ended = True
         super().finish()
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options) -> bool:
+        return True  # its lockstep's sums fail with a lost peer, as `sync`'s do
+
+    @classmethod
+    def admits_a_worker(cls, options) -> bool:
+        return True
+
+    def rejoin(self) -> None:
+        """After a regroup: the survivors' mean model (a synchronisation, as if one had
+        voted: a survivor may have averaged in the failed step and another not) and the
+        leader's round."""
+        self._take_members_mean(joined=False)
+
+    def admit(self, joined: bool) -> None:
+        """A worker joins at a round's end: every member, and the joiner (`joined`: it
+        sends zeros and is not counted), holds the members' mean model and the leader's
+        round. The joiner's window starts empty, so it votes to synchronise until its
+        window has filled, and every worker synchronises with it meanwhile."""
+        self._take_members_mean(joined)
+
+    def _take_members_mean(self, joined: bool) -> None:
+        parts = self._model_parts()
+        mine = flatten(parts) * (0.0 if joined else 1.0)
+        summed = self.comm.all_reduce(torch.cat([mine, mine.new_tensor([0.0 if joined
+                                                                       else 1.0])]))
+        unflatten_into(summed[:-1] / summed[-1], parts)
+        self.round = int(self.comm.broadcast(
+            torch.tensor([float(self.round)], dtype=torch.float64)).item())
+        self.synced = True
 
     def round_record(self) -> dict[str, Any]:
         return {"synced": int(self.synced)}

@@ -1,16 +1,17 @@
 """Going on without a lost worker: the survivors agree on who they are through the process
 group's key-value store, then make new groups of themselves alone.
 
-For modes whose workers can lose one (`sync`, ESync and DiLoCo in the background,
+For modes whose workers can lose one (`sync`, SelSync, ESync and DiLoCo in the background,
 eager-SGD): a collective with a dead peer fails on the ranks connected to it at once (the
-connection closes) and on the others at the channel's timeout (a blocking gloo all-reduce
-failed on every survivor within 0.05 s of a kill -9: `results/sync-going-on-probe.md`). So
-that nobody waits that long in the background:
+connection closes) and on the others, waiting on a live peer, at the timeout (gloo fails a
+wait only on the connection that closed: `results/sync-going-on-probe.md`). So that nobody
+waits that long:
 
 1. a survivor whose collective failed raises the alarm: it sets ``regroup/G`` in the store
    (G counts the regroups of the run) and registers ``regroup/G/alive/RANK``;
-2. every other survivor sees the alarm while it waits on its background channel
-   (`Membership.alarm`, checked twice a second by `ChannelFuture.result`), and registers too;
+2. every other survivor sees the alarm while it waits on its background channel or on a
+   main-thread collective (`Membership.alarm`, checked twice a second by
+   `ChannelFuture.result`; `CommContext.hear`), and registers too;
 3. each survivor waits up to `grace` seconds for every member to register (no longer once
    every member that has not is one `launch` saw exit: ``lost/RANK``, set at once), then
    proposes the new members, those that did, as ``regroup/G/members`` with an atomic
@@ -395,11 +396,10 @@ class Membership:
                                   f"leader's broadcast: {lost}", op="regroup")
 
     def use(self, comm, groups: tuple) -> None:
-        """`comm` goes on with the members on their new `groups` (its channel's waits
-        watch for the next alarm)."""
+        """`comm` goes on with the members on their new `groups` (its waits hear the next
+        alarm: `CommContext.hear`)."""
         comm.regroup(self.members, *groups, generation=self.generation)
-        if comm.channel is not None:
-            comm.channel.alarm = self.alarm
+        comm.hear(self.alarm)
 
     def rebuild(self, cause: BaseException) -> tuple[list[int], tuple]:
         """`regroup`, then `groups`; if a member is lost while they are made, regroup again
