@@ -11,11 +11,11 @@ and spread over the middle of the time budget:
   (a kill of a worker is drawn twice as often as each other kind)
 - ``kill-evaluator``.
 
-A kill that would leave no worker is skipped. The regrouping modes and the asynchronous ones
-go on without a killed worker (rank 0 too) — and in esync, esync-outer and the asynchronous
-modes `launch` starts it again and it joins the running job (`hetsync worker --join`); the
-others are resumed from their last checkpoint by `launch` (`--max-restarts`), as are the
-asynchronous modes when their parameter server is killed. Each run is judged by what a user
+A kill that would leave no worker is skipped. The regrouping modes (`regroups`, asked of the
+registry) and the asynchronous ones go on without a killed worker (rank 0 too) — and where
+the mode admits one `launch` starts it again and it joins the running job (`hetsync worker
+--join`); the others are resumed from their last checkpoint by `launch` (`--max-restarts`),
+as are the asynchronous modes when their parameter server is killed. Each run is judged by what a user
 would check: `launch` exits 0 (not lost), within its budget plus the restarts' cost (not
 hung: `--timeout` bounds every wait), one accuracy curve (no training time twice in
 `eval.jsonl`) to the budget, a complete summary, the data ledger's batches drawn twice and
@@ -43,9 +43,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PS_MODES = ("async", "dcasgd", "gd", "dgc", "dgs", "fedbuff", "async-local-sgd")
-#: modes whose workers regroup without a lost one (any rank)
-REGROUPS = ("esync", "esync-outer", "eager-solo", "eager-majority")
+
+
+def _as_launched(mode: str):
+    from hetsync.config import Config
+
+    return Config(mode=mode, workers=3)
+
+
+def has_ps(mode: str) -> bool:
+    """Whether `mode` runs a parameter server (as `run` launches it)."""
+    return _as_launched(mode).needs_ps
+
+
+def service(mode: str) -> str | None:
+    """The name of the process `launch` runs beside `mode`'s workers (ESync's state server)."""
+    svc = _as_launched(mode).spec.service
+    return None if svc is None else svc.name
+
+
+def regroups(mode: str) -> bool:
+    """Whether `mode`'s workers regroup without a lost one, any rank (as `run` launches it):
+    asked of the registry, so a mode that learns to go on is scheduled as one."""
+    return _as_launched(mode).regroups
 
 
 @dataclass
@@ -64,9 +84,9 @@ def schedule(mode: str, seed: int, budget: float, events: int, workers: int) -> 
     """`events` faults for `mode`, at times in [0.15, 0.8] of `budget`, from `seed`."""
     rng = random.Random(seed)
     kinds = ["kill-worker", "kill-worker", "stop-worker", "kill-evaluator"]  # (kills twice as
-    if mode in PS_MODES:                                                      # often)
+    if has_ps(mode):                                                          # often)
         kinds.append("kill-ps")
-    elif mode in ("esync", "esync-outer"):
+    elif service(mode) == "state-server":
         kinds.append("kill-state-server")
     times = sorted(rng.uniform(0.15, 0.8) * budget for _ in range(events))
     out = []
@@ -162,7 +182,7 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
                     pass
             else:
                 os.kill(pid, signal.SIGKILL)
-                if mode not in REGROUPS and (event.kind == "kill-ps" or mode not in PS_MODES):
+                if not regroups(mode) and (event.kind == "kill-ps" or not has_ps(mode)):
                     killed.clear()  # the run stops, and launch resumes it with every worker
                 elif event.kind == "kill-worker":
                     killed.add(event.rank)  # (until it joins again, where the mode admits it)
