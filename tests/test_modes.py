@@ -219,7 +219,7 @@ def _sync_survivors(rank, world, batches):
         return None
     model, opt = _leaders_prior(seed=rank, momentum=0.9)
     algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=2, group=survivors,
-                                                  collective="ring",
+                                                  collective="ring", run_workers=3,
                                                   sample_weight=sample_weight(batches, rank)))
     algo.round = 7 if rank == 0 else 5
     algo.rejoin()
@@ -228,12 +228,13 @@ def _sync_survivors(rank, world, batches):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     algo.perform(algo.decide(Step(0.0, 0.01)))
-    # by hand: the leader's model and momentum, one step on the mean gradient over the
-    # samples that arrived (rank 0's 8 and rank 1's 4)
+    # by hand: the leader's model and momentum, one step on the gradient summed over the
+    # samples that arrived (rank 0's 8 and rank 1's 4) over a whole step's (8 + 4 + 2)
     ref, ref_opt = _leaders_prior(seed=0, momentum=0.9)
     ref_opt.zero_grad()
     xs, ys = zip(_batch(0, batches[0]), _batch(1, batches[1]))
-    torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    (torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys), reduction="sum")
+     / sum(batches)).backward()
     ref_opt.step()
     momenta = [opt.state[p]["momentum_buffer"] for p in model.parameters()]
     ref_momenta = [ref_opt.state[p]["momentum_buffer"] for p in ref.parameters()]
@@ -241,10 +242,11 @@ def _sync_survivors(rank, world, batches):
             flatten(momenta), flatten(ref_momenta))
 
 
-def test_sync_survivors_take_the_leaders_state_and_average_over_the_samples_that_arrived():
-    """After a regroup, sync's sum is the mean over the samples the survivors brought (a
-    held shard's batch weighed as its own), and every survivor starts from the leader's
-    model, momentum and round — checked against one SGD step by hand."""
+def test_sync_survivors_take_the_leaders_state_and_step_by_the_samples_that_arrived():
+    """After a regroup, sync's step sums the gradients of the samples the survivors brought
+    (a held shard's batch weighed as its own) over a whole step's samples, and every
+    survivor starts from the leader's model, momentum and round — checked against one SGD
+    step by hand."""
     results = run_ranks(_sync_survivors, 3, (8, 4, 2))
     for rank in (0, 2):
         rounds, got, expected, momenta, ref_momenta = results[rank]

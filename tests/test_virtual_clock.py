@@ -216,11 +216,12 @@ def test_a_sync_run_on_the_virtual_clock_waits_for_the_slowest_device_each_round
     rounds = len(records[0])
     assert rounds >= 10 and all(len(records[r]) == rounds for r in range(4))
     # the slowest device waits for nobody: its sum costs its collective's formula for the
-    # gradient, its sample weight, a count and the loop's four-float agreement that rides on
-    # it (over `ps`, the server's work of `server_work` s per MB on each byte in and out too)
+    # gradient, its sample weight, the share that sits out, a count and the loop's four-float
+    # agreement that rides on it (over `ps`, the server's work of `server_work` s per MB on
+    # each byte in and out too)
     cfg = Config(**VIRTUAL)
     numel = sum(p.numel() for p in cfg.build_model(cfg.load_data()).parameters())
-    cost = all_reduce_seconds(collective, 4, (numel + 2 + 4) * 4, LINK, server_work / 1e6)
+    cost = all_reduce_seconds(collective, 4, (numel + 3 + 4) * 4, LINK, server_work / 1e6)
     for k in range(rounds):
         ends = {records[r][k]["t_end"] for r in range(4)}
         assert max(ends) - min(ends) < 1e-9  # every worker leaves the sum together

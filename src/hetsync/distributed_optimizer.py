@@ -156,7 +156,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             wiring = Wiring(rank=rank, workers=workers, group=group, collective=collective,
                             timeout=timeout, service=service or ("127.0.0.1", 10010),
-                            service_token=token, ps_rank=ps_rank)
+                            service_token=token, ps_rank=ps_rank, run_workers=workers)
             self.assembly = assemble(spec, opts, model, optimizer, wiring,
                                      timer=StepTimer(slowdown, cpu_device=next(
                                          model.parameters()).device.type == "cpu"),
