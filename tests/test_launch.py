@@ -141,8 +141,8 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         _records(run_dir, rank)
 
 
-@pytest.mark.parametrize("mode, at, workers", [("sync", 30, 3), ("sync", 30, 4),
-                                                ("selsync", 30, 3), ("esync-outer", 10, 3)])
+@pytest.mark.parametrize("mode, at, workers", [("sync", 30, 4), ("selsync", 30, 3),
+                                                ("esync-outer", 10, 3)])
 def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
         tmp_path, mode, at, workers):
     """sync's and SelSync's blocking sums and esync-outer's background rounds on the virtual
