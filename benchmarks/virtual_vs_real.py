@@ -30,17 +30,28 @@ HETSYNC = str(ROOT / ".venv" / "bin" / "hetsync")
 
 
 def tta(evals: list[dict], target: float) -> float | None:
+    """The training time at which the curve first reaches `target`: read between the last
+    evaluation below it and the first at or above it (linearly), so the answer does not
+    move by a whole evaluation interval (at 2 s, 10-17 % of a 12-20 s time) with the grain."""
+    before = None
     for e in evals:
         if e["test_acc"] >= target:
-            return e["train_time"]
+            if before is None:
+                return e["train_time"]
+            (a0, t0), (a1, t1) = before, (e["test_acc"], e["train_time"])
+            return t0 + (target - a0) / (a1 - a0) * (t1 - t0)
+        before = (e["test_acc"], e["train_time"])
     return None
 
 
 def run(args, log_dir: Path, name: str, profile: str, mode: str, seed: int,
         extra: list[str]) -> dict:
     workers = len(profile.split(","))
-    argv = [HETSYNC, "launch", "-m", mode, "--workers", str(workers), "--slowdowns", profile,
-            "--step-work", str(args.step_work), "--time-budget", str(args.budget),
+    # (a profile of devices, `calibrated`, gives their speeds itself)
+    devices = ([] if "--profile" in extra else
+               ["--slowdowns", profile, "--step-work", str(args.step_work)])
+    argv = [HETSYNC, "launch", "-m", mode, "--workers", str(workers), *devices,
+            "--time-budget", str(args.budget),
             "--epochs", "none", "--seed", str(seed), "--eval-interval", str(args.eval_interval),
             "--no-live", "--no-figures", "--quiet", "--log-dir", str(log_dir),
             "--run-name", name, *args.launch_args.split(), *extra]
@@ -80,25 +91,44 @@ def server_work(run_dir: Path) -> float | None:
 
 
 def calibrated(real_dir: Path, sync_dir: Path, link: list[str]) -> list[str]:
-    """Launch flags that give a virtual run what the real runs measured: each device at the
-    speed its records show (its nominal slowdown ÷ the share of its nominal speed it kept),
-    and a link latency that makes a ring sum cost what the real sync run's slowest worker
-    spent in one per round (the median; it waits for nobody), at 10 Gbit/s (no real sync
-    run of the profile and seed: the profile's `link`, LATENCY and BANDWIDTH)."""
+    """Launch flags that give a virtual run what the real runs measured, as a profile
+    (`--profile`, written beside the real run) of one device per worker:
+
+    - `sample_s`: its seconds of computing per sample (its nominal speed ÷ the share of it
+      its device kept);
+    - `step_s`: its host's seconds per step outside computing, evaluation, communication
+      and waiting (wall − those, over its steps), and the state server's queries: the local
+      update, the round's bookkeeping and records, the plan's query — what a real step
+      costs around its computing, which the nominal model leaves out;
+    - a link latency that makes a ring sum cost what the real sync run's slowest worker
+      spent in one per round (the median; it waits for nobody), at 10 Gbit/s (no real sync
+      run of the profile and seed: the profile's `link`, LATENCY and BANDWIDTH).
+
+    What stays the model's own: who waits for whom, and what a sum costs on the links."""
     summary = json.loads((real_dir / "summary.json").read_text())
-    slowdowns = [w["slowdown"] / (w.get("speed_of_nominal") or 1.0)
-                 for w in summary["per_worker"]]
-    speeds = ["--slowdowns", ",".join(f"{x:.4f}" for x in slowdowns), "--speed-scale", "1"]
-    if not (sync_dir / "summary.json").is_file():
-        return speeds + ["--link-latency", link[0], "--link-bandwidth", link[1]]
-    sync = json.loads((sync_dir / "summary.json").read_text())
-    slowest = max(sync["per_worker"], key=lambda w: w["slowdown"])["rank"]
-    records = [json.loads(line) for line in
-               (sync_dir / f"worker-{slowest}.jsonl").read_text().splitlines()]
-    cost = statistics.median(r["comm_s"] for r in records[2:])
-    workers = len(slowdowns)
-    latency = max(cost, 0.0) / (2 * (workers - 1)) if workers > 1 else 0.0
-    return speeds + ["--link-latency", f"{latency:.6f}", "--link-bandwidth", "10gbit"]
+    devices = []
+    for w in summary["per_worker"]:
+        steps = max(int(w["local_steps"]), 1)
+        outside = (w["wall_s"] - w["compute_s"] - w["eval_s"] - w["comm_s"] - w["wait_s"]
+                   + (w.get("query_s") or 0.0))  # (wait_s holds the queries too)
+        devices.append({"name": f"rank {w['rank']}", "sample_s": w["compute_s"] / w["samples"],
+                        "step_s": max(outside, 0.0) / steps})
+    latency, bandwidth = link
+    if (sync_dir / "summary.json").is_file():
+        sync = json.loads((sync_dir / "summary.json").read_text())
+        slowest = max(sync["per_worker"], key=lambda w: w["slowdown"])["rank"]
+        records = [json.loads(line) for line in
+                   (sync_dir / f"worker-{slowest}.jsonl").read_text().splitlines()]
+        cost = statistics.median(r["comm_s"] for r in records[2:])
+        workers = len(devices)
+        latency = f"{max(cost, 0.0) / (2 * (workers - 1)) if workers > 1 else 0.0:.6f}"
+        bandwidth = "10gbit"
+    path = real_dir.parent / f"profile-{real_dir.name}.json"
+    path.write_text(json.dumps({
+        "format": "hetsync-profile", "version": 1,
+        "source": f"calibrated to the real run {real_dir.name} (benchmarks/virtual_vs_real.py)",
+        "devices": devices}, indent=1) + "\n")
+    return ["--profile", str(path), "--link-latency", latency, "--link-bandwidth", bandwidth]
 
 
 def fmt(x: float | None) -> str:
@@ -131,8 +161,9 @@ def main() -> int:
                         "four processes on two cores wake each other at every hop)")
     p.add_argument("--calibrate", action="store_true",
                    help="give each virtual run what its real twin's records measured instead "
-                        "of the nominal model: each device at the speed it ran at (samples per "
-                        "second of computing), and links whose latency makes a sum cost what "
+                        "of the nominal model (`calibrated`): each device at the speed it ran "
+                        "at (seconds of computing per sample), its host's seconds per step "
+                        "around its computing, and links whose latency makes a sum cost what "
                         "the real sync run's slowest worker spent in one (it waits for nobody)")
     p.add_argument("--server-work", default="0",
                    help="the virtual parameter server's seconds of work per megabyte "
