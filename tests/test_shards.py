@@ -16,6 +16,7 @@ from processes import pid_of_rank
 from hetsync.comm.errors import CommTimeoutError
 from hetsync.data import ShardSampler
 from hetsync.runtime import shards
+from hetsync.runtime.membership import shared
 from hetsync.telemetry.ledger import reached, run_ledger
 from hetsync.telemetry.rundir import RunDir
 
@@ -101,11 +102,29 @@ def _member(rank, members, store, generation, held_shards=()):
         membership=types.SimpleNamespace(members=members, generation=generation,
                                          alarm=lambda: False),
         held=shards.HeldShards(rank, _sampler(rank), make=_sampler))
-    for name in ("_mine", "_hand_over_shards", "start_at"):
+    for name in ("_mine", "_hand_over_shards", "_retake_shards", "start_at"):
         setattr(me, name, types.MethodType(getattr(TrainingLoop, name), me))
     for shard in held_shards:
         me.held.hold(shard, (0, 0))
     return me
+
+
+def test_a_regroup_draws_a_shard_it_held_on_from_its_own_count_not_the_store():
+    """Member 0 of [0, 1] holds lost rank 2's shard; rank 1 is lost too. Meanwhile rank 2,
+    left out of the regroup while paused, published its last position (stale) over rank
+    0's: rank 0 draws shard 2 on from its own count, and rank 1's from where it published."""
+    store = dist.HashStore()
+    zero = _member(0, [0, 1], store, 1, [2])
+    for _ in range(4):
+        zero.held.draw()  # own, held, own, held
+    zero.held.round_over()
+    zero.held.draw()      # own: the round in progress, dropped by the regroup
+    shards.publish(shared(store), {1: (0, 3), 2: (0, 0)})  # (rank 1's; rank 2's, stale)
+    zero.membership.members = [0]
+    zero._retake_shards()
+    zero.held.redraw()
+    # (and rank 3's shard, a lost rank's too, from its start: never published)
+    assert zero.held.positions() == {0: (0, 2), 1: (0, 3), 2: (0, 2), 3: (0, 0)}
 
 
 def test_an_admission_moves_a_shard_between_members_as_far_as_its_draws_went():

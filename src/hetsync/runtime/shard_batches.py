@@ -96,7 +96,9 @@ class ShardBatchSampler(torch.utils.data.Sampler):
             shards.publish(store, self.held.positions())
 
     def regrouped(self, store, members: list[int]) -> None:
-        """Step 4: the round in progress was dropped and `members` go on."""
+        """Step 4: the round in progress was dropped and `members` go on: the shards this
+        worker held already from its own count, new ones from where they were published
+        (`TrainingLoop._retake_shards`)."""
         self.held.take(shards.held_by(self.rank, members, range(self.workers)),
-                       lambda shard: shards.published(store, shard), keep=False)
+                       lambda shard: shards.published(store, shard), keep=True)
         self.held.redraw()

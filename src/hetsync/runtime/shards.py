@@ -151,9 +151,8 @@ class HeldShards:
              keep: bool, own: bool = False) -> None:
         """The members changed and this worker holds the shards `mine` now (`held_by`): let
         go of the others, and hold those it did not from `position_of(shard)` — and those
-        it held already too unless it `keep`s them (not after a regroup, which drops the
-        round in progress: each is taken again from where its holder's records end), and
-        its own where `own` (it joins: a member held it while it was away)."""
+        it held already too unless it `keep`s them — and its own where `own` (it joins: a
+        member held it while it was away)."""
         for shard in self.others():
             if shard not in mine or not keep:
                 self.release(shard)

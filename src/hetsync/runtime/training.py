@@ -501,6 +501,16 @@ class TrainingLoop:
             self.start_at(*position)
         return True
 
+    def _retake_shards(self) -> None:
+        """After a regroup (`shards.py`, step 3): let go of the shards another member holds
+        now, keep those this worker held already (the caller draws the dropped round again
+        from its own count: `HeldShards.redraw`), and hold the new ones from where their
+        last holder published. Its own count, not the store's, for those it kept: a worker
+        the regroup left out (paused past the grace) may still publish its last position
+        over the holder's (`results/chaos.md`, 2026-11-30: 8 batches drawn twice)."""
+        self.held.take(self._mine(), lambda shard: shards.published(shared(self.store), shard),
+                       keep=True)
+
     def _hand_over_shards(self, joined: bool) -> None:
         """An admission (nothing dropped): hand on, as they stand now, the shards another
         member holds from this generation on, then take those this one does (`joined`:
@@ -658,8 +668,7 @@ class TrainingLoop:
         members = self.membership.go_on(
             self.mode, err, then=lambda: self._take_leaders_counts(st, joined=False))
         self._in_flight, self._checkpoint_due, self._global_state = None, False, None
-        self.held.take(self._mine(), lambda shard: shards.published(shared(self.store), shard),
-                       keep=False)
+        self._retake_shards()
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         lost = list(self.membership.lost)
         tell(self.run_dir if self.leads else None, "lost",
