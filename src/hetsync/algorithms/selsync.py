@@ -24,8 +24,8 @@ with that average as its model, where the published code would keep each worker'
 blocks every step, so SelSync runs at the slowest worker's pace under compute heterogeneity:
 it saves communication, never waiting.
 
-A lost worker (`runtime/membership.py`; the paper does not say): the vote's sum fails on every
-survivor, the survivors regroup and `rejoin` averages their models (one of them may have
+A lost worker (`runtime/membership.py`; the paper does not say): the vote's sum fails on the
+survivors connected to it, the others hear the regroup's alarm (`CommContext.hear`), they regroup and `rejoin` averages their models (one of them may have
 averaged in the failed step and another not), then they go on, one drawing the lost worker's
 shard in turn (`runtime/shards.py`). A worker that joins (`admit`) takes the members' mean.
 """

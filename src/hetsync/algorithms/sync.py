@@ -23,9 +23,9 @@ BatchNorm running statistics are averaged every step, so the workers' models sta
 A lost worker (`runtime/membership.py`; where hetsync departs from SSGD as published, which
 stops): the sum fails on the survivors connected to the lost worker (gloo's connections close
 at once; a silent peer's at --timeout), the others hear the regroup's alarm while they wait
-(`CommContext.hear`), the survivors regroup, and `rejoin` gives every survivor the leader's model,
-BatchNorm statistics, optimizer state and round (`leader_state.py`: no survivor applied the
-failed step, but none can know that of the others). The survivors go on, one of them drawing
+(`CommContext.hear`), the survivors regroup, and `rejoin` gives every survivor the leader's
+model, BatchNorm statistics, optimizer state and round (`leader_state.py`: no survivor applied
+the failed step, but none can know that of the others). The survivors go on, one of them drawing
 the lost worker's shard in turn with its own (`runtime/shards.py`). The sum still divides by
 a whole step's weight, so a step of the survivors is the sum over the samples that arrived
 over a whole step's samples: its size follows the samples it carries (the linear scaling
@@ -74,7 +74,8 @@ class SynchronousSGD(Mode):
         """What a step of the run's workers weighs (step 3 of the module docstring): the
         run's workers' shares (P) less those of the workers whose data has run out under
         `hetsync.wrap` (they sit out, as they would in every step); never less than what
-        arrived."""
+        arrived. A spare that has not joined yet (`--spare-workers`) counts as missing, as a
+        lost worker does: the step is sized to the samples present."""
         run = float(self.comm.run_workers or self.comm.workers)
         return torch.clamp(run - out, min=float(arrived))
 
