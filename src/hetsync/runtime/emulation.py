@@ -228,11 +228,11 @@ def with_reference_step(cfg: Config, split, given: str = "given (--step-work)"
     if cfg.step_work is None:
         from hetsync.runtime import forked
 
-        forked.ready()  # (measured beside the warm parent's imports, it came out 20-40 % slower)
         how = f"on {cfg.threads} thread(s), measured here"
-        cfg = cfg.with_resolved("step_work", measure_step_work(cfg, split),
-                                f"the median step of {cfg.network} at batch {cfg.batch_size} "
-                                f"{how}")
+        with forked.quiet_core(cfg.threads):  # (not beside the warm parent's imports)
+            work = measure_step_work(cfg, split)
+        cfg = cfg.with_resolved("step_work", work, f"the median step of {cfg.network} at "
+                                f"batch {cfg.batch_size} {how}")
     # a given step is per -b samples: the same value at another -b is another speed
     speeds = " / ".join(f"{nominal_speed_of(cfg, r):,.0f}" for r in range(cfg.workers))
     return cfg, (f"reference step: {1000 * cfg.step_work:.2f} ms of {cfg.network} at batch "

@@ -247,7 +247,7 @@ def _silent_for(run_dir: Path, since: float) -> float:
 DUTY = 0.1
 
 
-def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.2,
+def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.05,
            duty: float = DUTY, start_after: float | None = None) -> int:
     """The evaluator: evaluate `run_dir`'s snapshots into its `eval.jsonl` (see the module
     docstring) — with `until_end`, the newest as they are written, computing at most `duty`

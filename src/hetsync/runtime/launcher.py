@@ -321,7 +321,10 @@ class Cluster:
         proc = self.procs.get(self.EVALUATOR)
         while proc is not None and proc.poll() is None:
             progress.update()
-            time.sleep(0.2)
+            try:
+                proc.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
         from hetsync.runtime.evaluation import follow, pending
 
         if pending(self.run_dir):
