@@ -92,7 +92,8 @@ def test_an_asynchronous_runs_drawer_of_a_shard_is_claimed_from_a_lost_one_and_l
 
 def _member(rank, members, store, generation, held_shards=()):
     """The parts of a TrainingLoop that hold shards (its own methods, on a real store): one
-    worker of a run whose members are `members`, holding `held_shards` too."""
+    worker of a run whose members are `members`, holding `held_shards` too; its mode's
+    rounds are sync's (`mode.round`: the round under way)."""
     import types
 
     from hetsync.runtime.training import TrainingLoop
@@ -101,8 +102,10 @@ def _member(rank, members, store, generation, held_shards=()):
         rank=rank, store=store, cfg=types.SimpleNamespace(timeout=2.0), run_ranks=range(4),
         membership=types.SimpleNamespace(members=members, generation=generation,
                                          alarm=lambda: False),
+        mode=types.SimpleNamespace(round=1, rounds_all_or_none=True),
         held=shards.HeldShards(rank, _sampler(rank), make=_sampler))
-    for name in ("_mine", "_hand_over_shards", "_retake_shards", "start_at"):
+    for name in ("_mine", "_hand_over_shards", "_retake_shards", "start_at",
+                 "_publish_positions"):
         setattr(me, name, types.MethodType(getattr(TrainingLoop, name), me))
     for shard in held_shards:
         me.held.hold(shard, (0, 0))
@@ -125,6 +128,30 @@ def test_a_regroup_draws_a_shard_it_held_on_from_its_own_count_not_the_store():
     zero.held.redraw()
     # (and rank 3's shard, a lost rank's too, from its start: never published)
     assert zero.held.positions() == {0: (0, 2), 1: (0, 3), 2: (0, 2), 3: (0, 0)}
+
+
+@pytest.mark.parametrize("completed", [True, False])
+def test_a_lost_workers_shard_is_taken_on_after_the_rounds_the_survivors_completed(completed):
+    """sync, members [0, 1, 2]: rank 2 draws round 1 and records it, draws round 2 and is
+    stopped after the round's sum, before its record (`results/chaos.md`, 2026-11-30: its
+    batch was drawn again). Rank 0, the holder of shard 2 once [0, 1] go on, takes it on
+    after round 2's batch where the survivors completed round 2, from it where its sum
+    failed (the survivors' next round is 2 again)."""
+    store = dist.HashStore()
+    two = _member(2, [0, 1, 2], store, 1)
+    for round_ in (1, 2):
+        two.mode.round = round_
+        two.held.draw()
+        two._publish_positions(drawing=True)  # (as the loop does: before the round's sum)
+        if round_ == 1:
+            two.held.round_over()  # (its record of round 1)
+    zero = _member(0, [0, 1], store, 2)
+    zero.mode.round = 3 if completed else 2
+    zero._retake_shards()
+    assert zero.held.positions()[2] == ((0, 2) if completed else (0, 1))
+    # a position published after a record names no round: its draws were all recorded
+    shards.publish(store, {2: (0, 1)})
+    assert shards.published(store, 2, next_round=1) == (0, 1)
 
 
 def test_an_admission_moves_a_shard_between_members_as_far_as_its_draws_went():

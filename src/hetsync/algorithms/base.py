@@ -347,6 +347,11 @@ class Mode:
     #: each round's sum counts its contributors (`with_count`) and sets `contributors`, so a
     #: worker that has joined is left out of the mean and all learn when everyone has
     counts_contributors: ClassVar[bool] = False
+    #: a round's draws are in the global model of every member or of none: its one blocking
+    #: sum completes for all or fails (sync's step). The training loop then says where a
+    #: lost worker's draws reached before the sum, not after its record (`runtime/shards.py`,
+    #: step 2): one stopped in between has trained batches its records do not show yet
+    rounds_all_or_none: ClassVar[bool] = False
     #: what of this mode's communication the virtual clock (`hetsync.clock`) does not time
     #: (None: it communicates only through `CommContext`'s collectives, which it times)
     untimed_by_virtual_clock: ClassVar[str | None] = None

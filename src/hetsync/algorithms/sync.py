@@ -47,6 +47,7 @@ from hetsync.algorithms.registry import ModeSpec, register
 class SynchronousSGD(Mode):
     name = "sync"
     counts_contributors = True
+    rounds_all_or_none = True
     control = ControlPath.WITH_SUM
 
     def setup(self) -> None:

@@ -7,11 +7,16 @@ per epoch (docs/design.md, "The data ledger").
    (shard mod k)-th, k members in rank order: every worker computes the same from the
    members alone;
 2. at the start and at every round's record, each worker publishes in the run's store where
-   its draws of each shard it holds have reached (`publish`);
+   its draws of each shard it holds have reached (`publish`). A mode whose round every
+   member completes or none does (`Mode.rounds_all_or_none`: sync's one sum) publishes before
+   the round's sum instead, naming the round and where each shard's draws of it began: a
+   worker stopped after the sum, before its record, has trained that round's batches,
+   which its last record does not say;
 3. after a regroup, which drops the round in progress everywhere, a worker draws each shard it
    holds again from where its last recorded round ended: its own and those it held before
    from its own count, one it holds now from the position its last holder published
-   (`published`);
+   (`published`) -- where that names a round, after it if the survivors completed it, else
+   from its start;
 4. at an admission nothing is dropped: a member that hands a shard on publishes where its
    draws are now, under the new generation (`hand_over`), and the shard's new holder — the
    worker that joins, for its own — waits for it (`taken_over`; a regroup's alarm ends the
@@ -139,6 +144,9 @@ class HeldShards:
     def positions(self) -> dict[int, tuple[int, int]]:
         return {shard: s.position for shard, s in self.shards.items()}
 
+    def round_starts(self) -> dict[int, tuple[int, int]]:
+        return {shard: s.round_start for shard, s in self.shards.items()}
+
     def hold(self, shard: int, position: tuple[int, int]) -> None:
         self.shards[shard] = Shard(self.make(shard))
         self.epoch_batches[shard] = batches_per_epoch(self.shards[shard].sampler)
@@ -173,22 +181,35 @@ def _text(position: tuple[int, int]) -> str:
     return f"{position[0]},{position[1]}"
 
 
-def _position(text: bytes) -> tuple[int, int]:
-    epoch, batch = text.decode().split(",")
+def _position(text: bytes | str) -> tuple[int, int]:
+    epoch, batch = (text.decode() if isinstance(text, bytes) else text).split(",")
     return int(epoch), int(batch)
 
 
-def publish(store, positions: dict[int, tuple[int, int]]) -> None:
-    """Step 2: where the draws of each shard held have reached (one store write each)."""
+def publish(store, positions: dict[int, tuple[int, int]],
+            drawing: tuple[int, dict[int, tuple[int, int]]] | None = None) -> None:
+    """Step 2: where the draws of each shard held have reached (one store write each).
+    `drawing`: (round, where each shard's draws of it began), published before that round's
+    sum by a mode whose rounds every member completes or none does."""
     for shard, position in positions.items():
-        store.set(f"{KEY}/{shard}", _text(position))
+        text = _text(position)
+        if drawing is not None:
+            text += f";{drawing[0]};{_text(drawing[1][shard])}"
+        store.set(f"{KEY}/{shard}", text)
 
 
-def published(store, shard: int, never: tuple[int, int] | None = (0, 0)):
-    """Step 3: where `shard`'s last holder's recorded draws ended (`never`: never published,
-    its start)."""
+def published(store, shard: int, never: tuple[int, int] | None = (0, 0),
+              next_round: int | None = None):
+    """Step 3: where `shard`'s last holder's draws ended (`never`: never published, its
+    start). A position published before a round's sum (`publish`'s `drawing`) counts that
+    round's draws only if the survivors completed it: their `next_round` is after it."""
     key = f"{KEY}/{shard}"
-    return _position(store.get(key)) if store.check([key]) else never
+    if not store.check([key]):
+        return never
+    fields = store.get(key).decode().split(";")
+    if len(fields) == 3 and next_round is not None and int(fields[1]) >= next_round:
+        return _position(fields[2])
+    return _position(fields[0])
 
 
 def hand_over(store, generation: int, shard: int, position: tuple[int, int]) -> None:

@@ -464,9 +464,16 @@ class TrainingLoop:
     def _mine(self) -> list[int]:
         return shards.held_by(self.rank, self.membership.members, self.run_ranks)
 
-    def _publish_positions(self) -> None:
+    @property
+    def _publishes_draws(self) -> bool:
+        """Where its shards stand goes to the store as they are drawn, before the round's
+        sum, not after its record (`runtime/shards.py`, step 2)."""
+        return self.membership is not None and self.mode.rounds_all_or_none
+
+    def _publish_positions(self, drawing: bool = False) -> None:
         if self.membership is not None or self._claims_shards:
-            shards.publish(shared(self.store), self.held.positions())
+            shards.publish(shared(self.store), self.held.positions(),
+                           (self.mode.round, self.held.round_starts()) if drawing else None)
 
     def _follow_drawers(self) -> None:
         """An asynchronous mode, after a record (at most twice a second): let go of the
@@ -508,8 +515,8 @@ class TrainingLoop:
         last holder published. Its own count, not the store's, for those it kept: a worker
         the regroup left out (paused past the grace) may still publish its last position
         over the holder's (`results/chaos.md`, 2026-11-30: 8 batches drawn twice)."""
-        self.held.take(self._mine(), lambda shard: shards.published(shared(self.store), shard),
-                       keep=True)
+        self.held.take(self._mine(), lambda shard: shards.published(
+            shared(self.store), shard, next_round=self.mode.round), keep=True)
 
     def _hand_over_shards(self, joined: bool) -> None:
         """An admission (nothing dropped): hand on, as they stand now, the shards another
@@ -591,6 +598,8 @@ class TrainingLoop:
         while True:
             shard, epoch, number, idx = self.held.draw()
             rnd.draw(epoch, number, shard=None if shard == self.rank else shard)
+            if self._publishes_draws:  # (before the sum: `Mode.rounds_all_or_none`)
+                self._publish_positions(drawing=True)
             started, waited = timer.begin(), comm.clock.total()
             self._schedule_lr(st, started)
             # (a lost worker's batch is its own size: it takes that many samples' time and
@@ -800,7 +809,8 @@ class TrainingLoop:
         self.held.round_over()  # (the next round's draws begin here)
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
         self.recorder.write({**record, **self.held.record_fields(rnd.drawn, rnd.held)})
-        self._publish_positions()
+        if not self._publishes_draws:
+            self._publish_positions()
         self._follow_drawers()
 
 
