@@ -295,8 +295,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
         rnd = self._round_account()
+        publishes_draws = (self._batches is not None and self._membership is not None
+                           and mode.rounds_all_or_none)
         try:  # the training loop's own step (`runtime/rounds.py`)
             action = decide(mode, Step(self._step_started, ended))
+            if publishes_draws:
+                self._batches.before_sum(self._shard_store, mode.round)
             finished_round = perform(mode, action, rnd)
         except PEER_FAILURES as err:
             if self._departures is None:
@@ -305,7 +309,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._batches is not None:  # its batches drawn again, and the shards this
                 rnd.drawn.clear()            # worker holds now
                 rnd.held.clear()
-                self._batches.regrouped(self._shard_store, self._membership.members)
+                self._batches.regrouped(self._shard_store, self._membership.members,
+                                        mode.round)
             action, finished_round = Action.LOCAL, mode.round
         finally:
             mode.joined = mode.joined and not sits_out
@@ -318,7 +323,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._recorder is None:
                 self._unrecorded = RoundAccount()
             # (published where the survivors of a lost worker take its shard on)
-            self._batches.round_over(self._shard_store if self._membership else None)
+            self._batches.round_over(self._shard_store if self._membership
+                                     and not publishes_draws else None)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()

@@ -16,7 +16,7 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
    shard was in when the pass began.
 3. Each batch goes into the round under way as it is drawn; at the round's end its record
    names them (`drawn`, `held`) and the sampler publishes in the store where each shard's
-   draws reached.
+   draws reached (`sync`: before the round's sum, naming the round, as `launch` does).
 4. Where the survivors of a lost worker go on (`runtime/membership.py`: ESync's background
    rounds, eager-SGD), the regroup drops the round in progress: each survivor draws its own
    shard again from where its last recorded round ended, and the shards it holds now
@@ -87,6 +87,12 @@ class ShardBatchSampler(torch.utils.data.Sampler):
             self.share = 1.0 if shard == self.rank else len(indices) / self._own_batch
             yield indices.tolist()
 
+    def before_sum(self, store, round_: int) -> None:
+        """Step 3 where a round's draws are in every member's model or in none
+        (`Mode.rounds_all_or_none`): where they stand is published before round `round_`'s
+        sum, naming it, in place of after its record (`runtime/shards.py`, step 2)."""
+        shards.publish(store, self.held.positions(), (round_, self.held.round_starts()))
+
     def round_over(self, store) -> None:
         """Step 3, after the round's record: the next round's draws begin here, and where
         they reached is published (`store`: None where no survivor would take a shard
@@ -95,10 +101,11 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         if store is not None:
             shards.publish(store, self.held.positions())
 
-    def regrouped(self, store, members: list[int]) -> None:
-        """Step 4: the round in progress was dropped and `members` go on: the shards this
-        worker held already from its own count, new ones from where they were published
-        (`TrainingLoop._retake_shards`)."""
+    def regrouped(self, store, members: list[int], next_round: int) -> None:
+        """Step 4: the round in progress was dropped and `members` go on from round
+        `next_round`: the shards this worker held already from its own count, new ones from
+        where they were published (`TrainingLoop._retake_shards`)."""
         self.held.take(shards.held_by(self.rank, members, range(self.workers)),
-                       lambda shard: shards.published(store, shard), keep=True)
+                       lambda shard: shards.published(store, shard, next_round=next_round),
+                       keep=True)
         self.held.redraw()

@@ -335,8 +335,9 @@ class TrainingLoop:
                                       "test_loss": result.test_loss})
 
     # ------------------------------------------------------------------ the agreement
-    def _act(self, st: LoopState, agreement: Agreement | None) -> bool:
-        """Count the samples, evaluate if agreed, and say whether to stop."""
+    def _act(self, st: LoopState, agreement: Agreement | None, admit: bool = True) -> bool:
+        """Count the samples, evaluate if agreed, admit the workers offered a place (unless
+        the caller does, after the round's record), and say whether to stop."""
         if agreement is None:
             return False
         st.samples_seen = agreement.samples_seen
@@ -345,7 +346,7 @@ class TrainingLoop:
             self.checkpointer is not None and self._checkpoint_now(st, agreement))
         if agreement.evaluate:
             self._evaluate(st)
-        if agreement.admit:
+        if agreement.admit and admit:
             self._admit(st)
         return agreement.stop
 
@@ -660,9 +661,13 @@ class TrainingLoop:
 
         # ---- the round ends: the agreement's other half, the record, acting on it
         agreement = self._after_apply(st, rnd, agreement)
-        stop = self._act(st, agreement) or self._background_agreement(st, wait=False)
+        stop = (self._act(st, agreement, admit=False)
+                or self._background_agreement(st, wait=False))
         self._record(finished_round, rnd, st, step.epoch)
         rnd = RoundAccount(st.eval_total, start=self._now())
+        if agreement is not None and agreement.admit:  # (after the record: where a member
+            self._admit(st)  # is lost as they admit, the regroup must not draw again a
+            # round that was applied: `results/chaos.md`, 2026-11-30, a batch counted skipped)
         if self._checkpoint_due:  # its time: the next round's eval_s, not training
             self._write_checkpoint(st)
         return stop, rnd
