@@ -151,6 +151,8 @@ def run(mode: str, seed: int, args, events: list[Event]) -> Outcome:
            "--eval-interval", "1", "--checkpoint-every", "5", "--timeout", str(args.timeout),
            "--regroup-grace", "2", "--max-restarts", str(args.events + 1),
            "-ld", args.log_dir, "--run-name", name, "--quiet", "--no-figures", "--no-live"]
+    if args.lr_schedule is not None:
+        cmd += ["--lr-schedule", args.lr_schedule]
     out = Outcome(mode, seed, chaos)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -280,6 +282,10 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=60.0, help="each run's time budget (s)")
     p.add_argument("--events", type=int, default=6, help="faults per chaos run")
     p.add_argument("--timeout", type=float, default=15.0, help="the runs' --timeout")
+    p.add_argument("--lr-schedule", help="the runs' --lr-schedule (default: launch's). A "
+                   "schedule by time trains a chaos run's samples later in it, at other rates "
+                   "than its twin's at equal samples; `constant` leaves the faults alone to "
+                   "tell them apart")
     p.add_argument("-ld", "--log-dir", default="runs/chaos")
     p.add_argument("--out", help="also write the table to this Markdown file")
     args = p.parse_args()
