@@ -32,7 +32,7 @@ SCHEDULES = {
 @pytest.mark.parametrize("mode", sorted(SCHEDULES))
 def test_a_run_under_faults_of_every_kind_ends_well(tmp_path, mode):
     args = SimpleNamespace(budget=12.0, timeout=15.0, events=len(SCHEDULES[mode]),
-                           log_dir=str(tmp_path))
+                           log_dir=str(tmp_path), lr_schedule=None)
     out = run(mode, 0, args, SCHEDULES[mode])
     log = (tmp_path / f"chaos-{mode}-s0-chaos" / "chaos.log").read_text()
     assert out.code == 0, log
