@@ -21,7 +21,8 @@ from hetsync.runtime.launcher import launch
 
 #: a fast device (6 ms for 64 samples, a third of it fixed) and two of a slow one
 TWO_KINDS = {"format": "hetsync-profile", "version": 1, "source": "a test",
-             "devices": [{"name": "fast", "step_s": 0.002, "sample_s": 6.25e-5},
+             "devices": [{"name": "fast", "step_s": 0.002, "sample_s": 6.25e-5,
+                          "alone": {"step_s": 0.001, "sample_s": 5e-5}},
                          {"name": "slow", "count": 2, "step_s": 0.004, "sample_s": 2.5e-4,
                           "link": {"latency_s": 1e-4, "bandwidth_bps": 1e9}}],
              "link": {"latency_s": 2e-5, "bandwidth_bps": 1e10}}
@@ -37,7 +38,9 @@ def test_a_profile_gives_each_device_its_time_and_prices_messages_on_the_slowest
     profile = load(_file(tmp_path, TWO_KINDS))
     assert [d.name for d in profile.devices] == ["fast", "slow", "slow"]
     assert profile.devices[0].seconds(64) == pytest.approx(0.006)
+    assert profile.devices[0].by_itself().seconds(64) == pytest.approx(0.0042)  # alone
     assert profile.devices[1].seconds(16) == pytest.approx(0.008)
+    assert profile.devices[1].by_itself() == profile.devices[1]  # (the same alone)
     assert profile.slowdowns(64) == pytest.approx((1.0, 0.02 / 0.006, 0.02 / 0.006))
     assert profile.slowest_link == Link(1e-4, 1e9)
     again = tmp_path / "again.json"
@@ -52,6 +55,10 @@ def test_a_profile_gives_each_device_its_time_and_prices_messages_on_the_slowest
     ({"devices": [{"step_s": 0, "sample_s": 0}]}, "both 0"),
     ({"devices": [{"step_s": 0.1, "sample_s": 0, "count": 0}]}, "devices[0].count"),
     ({"devices": [{"step_s": 0.1, "sample_s": 0, "speed": 3}]}, "unknown key(s) ['speed']"),
+    ({"devices": [{"step_s": 0.1, "sample_s": 0, "alone": {"step_s": 0.1}}]},
+     "devices[0].alone: missing ['sample_s']"),
+    ({"devices": [{"step_s": 0.1, "sample_s": 0, "alone": {"step_s": 0, "sample_s": 0}}]},
+     "devices[0].alone: step_s and sample_s are both 0"),
     ({"link": {"bandwidth_bps": 0}}, "link.bandwidth_bps: invalid value 0; expected a number > 0"),
     ({"jitter": {"distribution": "uniform"}}, "expected one of lognormal, half-normal"),
     ({"version": 2}, "this hetsync reads version 1"),
@@ -191,6 +198,9 @@ def test_probe_measures_the_users_own_model_and_a_virtual_run_trains_it(tmp_path
     assert "usernet:make on fashion-mnist" in done.stdout
     profile = load(out)
     assert profile.model == "usernet:make" and len(profile.devices) == 2
+    # the two ranks share this host: each was timed alone too, in turn
+    assert "share a host: each timed again alone" in done.stdout
+    assert all(d.alone is not None and d.by_itself().seconds(32) > 0 for d in profile.devices)
     monkeypatch.syspath_prepend(str(code))  # (launch's processes take this sys.path)
     cfg = Config(mode="sync", network="usernet:make", profile=str(out), time_budget=0.5,
                  epochs=None, eval_interval=0.5, log_dir=str(tmp_path / "runs"),
@@ -236,7 +246,8 @@ def test_advise_tries_all_devices_then_cuts_where_speeds_differ():
 
 @pytest.mark.slow
 def test_advise_ranks_schemes_and_the_fastest_device_and_writes_the_winners_settings(tmp_path):
-    profile = _file(tmp_path, {"devices": [{"name": "fast", "step_s": 0, "sample_s": 1e-4},
+    profile = _file(tmp_path, {"devices": [{"name": "fast", "step_s": 0, "sample_s": 1e-4,
+                                            "alone": {"step_s": 0, "sample_s": 0.8e-4}},
                                            {"name": "slow", "step_s": 0, "sample_s": 3e-4}]})
     out = tmp_path / "advice"
     done = subprocess.run([sys.executable, "-m", "hetsync", "advise", profile, "--budget", "1",
@@ -249,6 +260,11 @@ def test_advise_ranks_schemes_and_the_fastest_device_and_writes_the_winners_sett
     assert schemes == {("sync", 2), ("fastest device alone, sgd", 1)}
     alone = next(c for c in advice["ranked"] if c["devices"] == 1)
     assert alone["tta"] is not None and alone["vs_fastest"] == pytest.approx(1.0)
+    # the device alone trains at its speed alone on its host, the pair at theirs together
+    assert [d.sample_s for d in load(out / "profiles" / "fastest-alone.json").devices] == \
+        [0.8e-4]
+    assert [d.sample_s for d in load(out / "profiles" / "fastest-2.json").devices] == \
+        [1e-4, 3e-4]
     winner = advice["ranked"][0]
     assert winner["tta"] == min(c["tta"] for c in advice["ranked"] if c["tta"] is not None)
     from hetsync.cli import build_parser

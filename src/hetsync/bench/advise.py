@@ -8,7 +8,9 @@ On the devices and links of a profile (`hetsync probe` writes one; `hetsync.cloc
 2. on each subset, a bench (`hetsync.bench.modes`) of the candidate schemes (`--modes`), each
    at a rate of its own (linear scaling, or the best of `--lr-sweep`), for `--budget` virtual
    seconds with real gradients on the model and data given; the fastest device alone trains
-   with its best one-device recipe (`--reference`) in the first bench only;
+   each one-device recipe (`--reference`) in a bench of its own, at its speed alone on its
+   host (`Device.alone`: devices that share a host slow each other down; a device by itself
+   does not);
 3. every candidate ranked by its predicted time to `--target` (the ones that miss it after
    those that reach it, by their final figure), each with its speed-up over the fastest device
    alone and over `sync` on every device, its capacity (its devices' summed speed over the
@@ -94,9 +96,11 @@ def rank(candidates: list[Candidate], higher_is_better: bool) -> list[Candidate]
     return sorted(candidates, key=key)
 
 
-def _bench_argv(args, profile_path: Path, name: str, first: bool) -> list[str]:
-    argv = ["--profile", str(profile_path), "--modes", ",".join(args.modes),
-            "--baselines", "", "--reference", ",".join(args.reference) if first else "",
+def _bench_argv(args, profile_path: Path, name: str, alone: bool) -> list[str]:
+    """`hetsync bench`'s arguments: the modes on the devices of `profile_path`, or (`alone`)
+    the fastest device's recipes on the one device it holds."""
+    argv = ["--profile", str(profile_path), "--modes", "" if alone else ",".join(args.modes),
+            "--baselines", "", "--reference", ",".join(args.reference) if alone else "",
             "--time-budget", str(args.budget), "--targets", str(args.target),
             "--eval-interval", str(args.eval_interval), "--name", name,
             "--log-dir", str(Path(args.out) / "runs"), "--results-dir", str(args.out),
@@ -130,17 +134,22 @@ def advise(args, stream=sys.stdout) -> int:
           f"{', '.join(map(str, sizes))} fastest, and the fastest alone; schemes "
           f"{', '.join(args.modes)}; {args.budget:g} virtual s each", file=stream, flush=True)
     docs = {}
-    for k, size in enumerate(sizes, 1):
+    for k, size in enumerate([*sizes, 1], 1):
+        # (the fastest device by itself computes alone on its host: `Device.alone`)
+        alone = k > len(sizes)
         part = fastest_of(profile, size, args.batch_size)
-        path = out / "profiles" / f"fastest-{size}.json"
+        if alone:
+            part = ClusterProfile((part.devices[0].by_itself(),), part.link, part.jitter,
+                                  part.source, part.model)
+        path = out / "profiles" / ("fastest-alone.json" if alone else f"fastest-{size}.json")
         part.save(path)
-        print(f"advise: [{k}/{len(sizes)}] the {size} fastest device(s)", file=stream,
-              flush=True)
-        argv = _bench_argv(args, path, f"devices-{size}", first=k == 1)
-        code = bench.main(argv)
-        if code == 2:
+        print(f"advise: [{k}/{len(sizes) + 1}] "
+              + ("the fastest device alone" if alone else f"the {size} fastest device(s)"),
+              file=stream, flush=True)
+        name = "fastest-alone" if alone else f"devices-{size}"
+        if bench.main(_bench_argv(args, path, name, alone)) == 2:
             return 2
-        docs[size] = json.loads((out / f"bench-devices-{size}.json").read_text())
+        docs["alone" if alone else size] = json.loads((out / f"bench-{name}.json").read_text())
     return report(args, profile, docs, metric, stream)
 
 
@@ -149,8 +158,8 @@ def report(args, profile: ClusterProfile, docs: dict, metric, stream) -> int:
     from ..telemetry.plots import plot_runs
 
     key = str(float(args.target))
-    first = docs[max(docs)]
-    fastest = first.get("fastest_device") or {}
+    first = docs[max(size for size in docs if size != "alone")]
+    fastest = (docs.get("alone") or {}).get("fastest_device") or {}
     best = (fastest.get("best") or {}).get(key)
     device_tta = best[1] if best else None
     sync = next((r for r in first["runs"] if r["label"] == "sync"), None)
@@ -158,7 +167,8 @@ def report(args, profile: ClusterProfile, docs: dict, metric, stream) -> int:
     final_key = f"final_{metric.short}"
     candidates = []
     for size, doc in docs.items():
-        cap = capacity(fastest_of(profile, size, args.batch_size), args.batch_size)
+        cap = (1.0 if size == "alone" else
+               capacity(fastest_of(profile, size, args.batch_size), args.batch_size))
         for r in doc["runs"]:
             s = r["summary"] or {}
             tta = (s.get("time_to_target") or {}).get(key)

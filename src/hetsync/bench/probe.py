@@ -10,9 +10,12 @@ with `--slowdowns`, as `launch` runs them). Each rank:
    steps — data, forward, backward, optimizer — for `--seconds` after a warm-up, at each of
    `--batch-sizes`; the median of each is its time at that batch, and a least-squares line
    through them gives the device's seconds per step and per sample (`fit_device`);
-3. reads its memory headroom (CUDA: the device's free memory; CPU: the host's available
+3. where it shares its host with other ranks, times the same steps again alone, one rank
+   after another (the others wait at a barrier): a run of the fastest device by itself
+   does not share its cores, and `Device.alone` says how fast it is then;
+4. reads its memory headroom (CUDA: the device's free memory; CPU: the host's available
    memory over the ranks on it);
-4. with every rank: sums vectors of two sizes with the collective hetsync uses
+5. with every rank: sums vectors of two sizes with the collective hetsync uses
    (`all_reduce`, gloo's or NCCL's ring) and fits α and β to the ring's cost
    2(P−1)α + 2(P−1)/P · S/β (`fit_ring`); and each pair of ranks (with rank 0 only, beyond
    `PAIRS_UP_TO` ranks) ping-pongs messages of the same two sizes: α + S/β each way.
@@ -213,17 +216,31 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
             dist.barrier()  # (every rank times the same batch beside the same neighbours)
         times.append(time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor))
     fixed, per_sample = fit_device(opts.batch_sizes, times)
-    mine = torch.tensor([fixed, per_sample, _memory_headroom(device), *times],
+    hosts = [bytes(h.tolist()).rstrip(b"\0") for h in _gather(_text(socket.gethostname()),
+                                                             world)]
+    shared = [r for r in range(world) if hosts.count(hosts[r]) > 1]
+    alone = [math.nan, math.nan]
+    if shared:
+        say(f"rank(s) {', '.join(map(str, shared))} share a host: each timed again alone, "
+            f"in turn")
+    for r in shared:
+        dist.barrier()
+        if r == rank:
+            alone = list(fit_device(opts.batch_sizes, [
+                time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor)
+                for b in opts.batch_sizes]))
+    if shared:
+        dist.barrier()
+    mine = torch.tensor([fixed, per_sample, _memory_headroom(device), *alone, *times],
                         dtype=torch.float64)
-    name = torch.zeros(_NAME, dtype=torch.uint8)
-    raw = _device_name(device).encode()[:_NAME]
-    name[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     print(f"probe: rank {rank}: "
           + ", ".join(f"{1000 * t:.2f} ms at {b}" for b, t in zip(opts.batch_sizes, times))
-          + f" -> {1000 * fixed:.3f} ms per step + {1e6 * per_sample:.2f} µs per sample",
+          + f" -> {1000 * fixed:.3f} ms per step + {1e6 * per_sample:.2f} µs per sample"
+          + ("" if math.isnan(alone[0]) else
+             f" (alone: {1000 * alone[0]:.3f} ms + {1e6 * alone[1]:.2f} µs)"),
           file=stream, flush=True)
     devices = _gather(mine, world)
-    names = _gather(name, world)
+    names = _gather(_text(_device_name(device)), world)
     ring, pairs = (None, {}) if world == 1 else _links(rank, world, opts, say)
     if rank != 0:
         return
@@ -238,7 +255,8 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
         tuple(Device(bytes(names[r].tolist()).rstrip(b"\0").decode(errors="replace"),
                      float(devices[r][0]), float(devices[r][1]),
                      None if math.isnan(devices[r][2]) else float(devices[r][2]),
-                     worst.get(r))
+                     worst.get(r), None if math.isnan(devices[r][3]) else
+                     (float(devices[r][3]), float(devices[r][4])))
               for r in range(world)),
         ring or Link(), Jitter(), model=opts.network,
         source=(f"measured by hetsync probe on {socket.gethostname()} at "
@@ -247,10 +265,20 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
                 + (f", emulated slowdowns {', '.join(f'{f:g}' for f in opts.slowdowns)}"
                    if opts.slowdowns else "")))
     profile.save(opts.out)
-    print(format_profile(profile, {r: devices[r][3:].tolist() for r in range(world)},
+    print(format_profile(profile, {r: devices[r][5:].tolist() for r in range(world)},
                          opts.batch_sizes, pairs), file=stream)
     print(f"probe: wrote {opts.out} (`hetsync launch --profile {opts.out}` runs on it; "
           f"`hetsync advise {opts.out}` compares the schemes on it)", file=stream, flush=True)
+
+
+def _text(text: str):
+    """`text` as a tensor of `_NAME` bytes, to gather (no pickle crosses the network)."""
+    import torch
+
+    out = torch.zeros(_NAME, dtype=torch.uint8)
+    raw = text.encode()[:_NAME]
+    out[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    return out
 
 
 def _gather(tensor, world: int) -> list:
@@ -315,11 +343,15 @@ def format_profile(profile: ClusterProfile, times: dict, batches: Sequence[int],
                    pairs: dict) -> str:
     head = (["rank", "device"] + [f"ms at {b}" for b in batches]
             + ["ms per step", "µs per sample", "speed (x fastest)", "memory free GB"])
+    alone = any(d.alone is not None for d in profile.devices)
+    if alone:
+        head.insert(-1, f"ms alone at {max(batches)}")
     fastest = min(d.seconds(max(batches)) for d in profile.devices)
     rows = [[str(r), d.name[:32]] + [f"{1000 * t:.2f}" for t in times[r]]
             + [f"{1000 * d.step_s:.3f}", f"{1e6 * d.sample_s:.2f}",
-               f"{fastest / d.seconds(max(batches)):.3f}",
-               "—" if d.memory_bytes is None else f"{d.memory_bytes / 1e9:.1f}"]
+               f"{fastest / d.seconds(max(batches)):.3f}"]
+            + ([f"{1000 * d.by_itself().seconds(max(batches)):.2f}"] if alone else [])
+            + ["—" if d.memory_bytes is None else f"{d.memory_bytes / 1e9:.1f}"]
             for r, d in enumerate(profile.devices)]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     lines += [" | ".join(row) for row in rows]

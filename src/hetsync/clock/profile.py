@@ -27,7 +27,10 @@ so a fast pair inside a machine is priced like the slowest pair of the cluster. 
      "link": {"latency_s": 2e-5, "bandwidth_bps": 1e10},
      "jitter": {"distribution": "lognormal", "sigma": 0.1}}
 
-Only `devices` (each with `step_s` and `sample_s`) is required; `link` defaults to 10 Gbit/s
+A device's `alone` (its own `step_s` and `sample_s`) is its step when it computes alone on its
+host, where that differs (`hetsync probe` times the devices that share a host both ways: a
+one-device run is timed by it). Only `devices` (each with `step_s` and `sample_s`) is
+required; `link` defaults to 10 Gbit/s
 and 20 µs, `jitter` to none; `model` (the model its devices were timed on; `hetsync probe`
 writes it) makes a run of another model refuse the profile. Keys a profile does not know are
 refused, so a misspelt one is not silently ignored.
@@ -62,16 +65,26 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class Device:
-    """One device: a step of b samples costs `step_s` + `sample_s` · b seconds."""
+    """One device: a step of b samples costs `step_s` + `sample_s` · b seconds beside the
+    cluster's other devices; `alone`, (step_s, sample_s) when it computes alone on its host
+    (devices that share a host slow each other down; `hetsync probe` times those both ways).
+    None: the same alone."""
 
     name: str
     step_s: float
     sample_s: float
     memory_bytes: float | None = None
     link: Link | None = None
+    alone: tuple[float, float] | None = None
 
     def seconds(self, batch: float) -> float:
         return self.step_s + self.sample_s * batch
+
+    def by_itself(self) -> "Device":
+        """This device as it computes alone on its host (a one-device run's)."""
+        if self.alone is None:
+            return self
+        return Device(self.name, *self.alone, self.memory_bytes, self.link)
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,8 @@ class ClusterProfile:
                 item["memory_bytes"] = d.memory_bytes
             if d.link is not None:
                 item["link"] = _link_json(d.link)
+            if d.alone is not None:
+                item["alone"] = {"step_s": d.alone[0], "sample_s": d.alone[1]}
             devices.append(item)
         out = {"format": FORMAT, "version": VERSION, "source": self.source,
                "devices": devices, "link": _link_json(self.link),
@@ -177,6 +192,15 @@ def _parse_link(where: str, data: Any) -> Link:
                         data.get("bandwidth_bps", DEFAULT_BANDWIDTH_BPS), 0, low_open=True))
 
 
+def _step(where: str, item: dict) -> tuple[float, float]:
+    step_s = _number(f"{where}.step_s", item["step_s"], 0, 3600)
+    sample_s = _number(f"{where}.sample_s", item["sample_s"], 0, 3600)
+    if step_s + sample_s == 0:
+        raise ProfileError(f"{where}: step_s and sample_s are both 0; a device's step "
+                           f"must cost some time")
+    return step_s, sample_s
+
+
 def parse(data: Any) -> ClusterProfile:
     """The profile a JSON object describes (the module docstring); ProfileError naming the
     first key that is wrong."""
@@ -194,21 +218,21 @@ def parse(data: Any) -> ClusterProfile:
     for i, item in enumerate(data["devices"]):
         where = f"devices[{i}]"
         item = _keys(where, item, ("step_s", "sample_s"),
-                     ("name", "count", "memory_bytes", "link"))
+                     ("name", "count", "memory_bytes", "link", "alone"))
         count = item.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 4096:
             raise ProfileError(f"{where}.count: invalid value {count!r}; expected an integer "
                                f"in 1..4096")
-        step_s = _number(f"{where}.step_s", item["step_s"], 0, 3600)
-        sample_s = _number(f"{where}.sample_s", item["sample_s"], 0, 3600)
-        if step_s + sample_s == 0:
-            raise ProfileError(f"{where}: step_s and sample_s are both 0; a device's step "
-                               f"must cost some time")
+        step_s, sample_s = _step(where, item)
         memory = item.get("memory_bytes")
+        alone = None
+        if "alone" in item:
+            alone = _step(f"{where}.alone", _keys(f"{where}.alone", item["alone"],
+                                                  ("step_s", "sample_s"), ()))
         device = Device(str(item.get("name", f"device {i}")), step_s, sample_s,
                         None if memory is None else _number(f"{where}.memory_bytes", memory, 0),
                         None if "link" not in item else _parse_link(f"{where}.link",
-                                                                    item["link"]))
+                                                                    item["link"]), alone)
         devices += [device] * count
     jitter = _keys("jitter", data.get("jitter", {}), (), ("distribution", "sigma"))
     distribution = jitter.get("distribution", "lognormal")
