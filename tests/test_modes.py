@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from distributed import run_ranks
 from tiny import (SmallNet, batch as _batch, gathered_parameters, linear_net, sample_weight,
-                  user_loop)
+                  sgd_on_every_sample, user_loop)
 from hetsync.algorithms import Action, CommContext, Step
 from hetsync.algorithms.async_ps import AsyncOptions, AsynchronousSGD
 from hetsync.algorithms.base import bn_statistics, flatten
@@ -168,7 +168,7 @@ def test_esync_with_control_variates_sums_every_workers_round_gradient():
 
 def _sync_step(rank, world, batches):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    model = linear_net()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     algo = SynchronousSGD(model, opt, CommContext(rank=rank, workers=world, collective="ring",
                                                   sample_weight=sample_weight(batches, rank)))
@@ -179,14 +179,7 @@ def _sync_step(rank, world, batches):
     algo.perform(algo.decide(Step(0.0, 0.01)))
     # Reference: one process, one SGD step on the mean gradient over every worker's samples
     # (with equal batches, the mean of the workers' mean gradients).
-    torch.manual_seed(0)
-    ref = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    ref_opt.zero_grad()
-    xs, ys = zip(*(_batch(r, batches[r]) for r in range(world)))
-    torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
-    ref_opt.step()
-    return flatten(list(model.parameters())), flatten(list(ref.parameters()))
+    return flatten(list(model.parameters())), sgd_on_every_sample(batches, LR)
 
 
 @pytest.mark.slow

@@ -34,6 +34,20 @@ def batch(rank: int, n: int = 8):
     return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
+def sgd_on_every_sample(batches, lr: float) -> torch.Tensor:
+    """The reference for a synchronous step: one process, `linear_net` from seed 0, one SGD
+    step on the mean gradient over every rank's `batch(rank, batches[rank])`; its flat
+    parameters."""
+    torch.manual_seed(0)
+    ref = linear_net()
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    xs, ys = zip(*(batch(r, n) for r, n in enumerate(batches)))
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+    opt.step()
+    return flatten(list(ref.parameters()))
+
+
 def user_loop(opt, model, x, y, steps: int) -> list[float]:
     """A user's own training loop over a wrapped optimizer; the losses it saw."""
     losses = []

@@ -123,8 +123,10 @@ RUN_DEFINING = ("mode", "network", "dataset", "workers", "batch_size", "balanced
 
 
 def _check_resumable(saved: Config, cfg: Config, run_dir: str) -> None:
-    # (balanced batches follow the relative speeds: each sampler's position is in batches)
-    for name in RUN_DEFINING + (("slowdowns",) if saved.balanced_batches else ()):
+    # (balanced batches follow the relative speeds: each sampler's position is in batches,
+    # or in samples where they are re-planned)
+    for name in RUN_DEFINING + (("slowdowns", "replan_drift") if saved.balanced_batches
+                                else ()):
         if getattr(cfg, name) != getattr(saved, name):
             raise ConfigError(f"--resume {run_dir}: {name.replace('_', '-')} "
                               f"{getattr(cfg, name)!r} differs from the run's "

@@ -86,7 +86,7 @@ SECTIONS = {
         "spare_start"),
     "training: model, data and optimizer": (
         "network", "dataset", "data_dir", "context", "n_layer", "n_head", "n_embd",
-        "batch_size", "balanced_batches", "lr", "lr_schedule", "lr_final", "momentum",
+        "batch_size", "balanced_batches", "replan_drift", "lr", "lr_schedule", "lr_final", "momentum",
         "nesterov", "optimizer", "weight_decay", "partition", "split_by_class",
         "dirichlet_alpha", "inject", "inject_alpha", "inject_beta", "plugins"),
     "evaluation and checkpoints": ("eval_every", "deferred_eval", "eval_interval", "evaluator",

@@ -47,6 +47,8 @@ MAX_SEED = 2**32 - 1
 #: `Config.finish_grace`
 FINISH_S = 30.0
 MAX_SLOWDOWN = 1000.0
+#: --replan-drift's default (`runtime/replan.py`)
+REPLAN_DRIFT = 0.2
 PORTS = range(1, 65536)
 #: config keys of earlier versions (a run directory they wrote still resumes)
 RENAMED = {"state_ip": "service_ip", "state_port": "service_port"}
@@ -85,6 +87,11 @@ class Config:
                 "step takes as long; the sums count samples: sync's gradients, and the "
                 "local-step modes' deltas (--weighting samples); i.i.d. data only (LB-BSP) "
                 "(0/1)"})
+    replan_drift: float = field(default=REPLAN_DRIFT, metadata={"flags": ("--replan-drift",),
+        "help": "sync with --balanced-batches: re-plan the batches when a device's measured "
+                "speed, relative to the fastest's, drifts more than this fraction from the "
+                "one they follow (checked every 10 rounds; the data is then drawn a sample "
+                "at a time, and the ledger counts samples); 0: never"})
     lr: float = field(default=0.05, metadata={"flags": ("-l", "--learning-rate"),
                       "help": "learning rate (of the mean gradient; sync, async, local; "
                               "ESync's local rate unless -ll)"})
@@ -385,6 +392,19 @@ class Config:
         return balanced_batches(self.batch_size, [self._relative_slowness(r)
                                                   for r in range(self.workers)])[rank]
 
+    @property
+    def replans(self) -> bool:
+        """Whether the balanced batches are re-planned as the devices' speeds drift
+        (`runtime/replan.py`)."""
+        return (self.balanced_batches and self.replan_drift > 0 and self.workers > 1
+                and self.spec.worker.rounds_all_or_none)
+
+    def relative_speeds(self) -> list[float]:
+        """Each worker's device's speed relative to the fastest's (1): what the balanced
+        batches follow."""
+        slowness = [self._relative_slowness(r) for r in range(self.workers)]
+        return [min(slowness) / s for s in slowness]
+
     def _relative_slowness(self, rank: int) -> float:
         """What the balanced batches follow: the measured speeds of real devices
         (`device_speeds`), else the emulated slowdowns."""
@@ -472,8 +492,9 @@ class Config:
     def sample_weight_of(self, rank: int) -> float:
         """Worker `rank`'s share of a step's samples × P (1 when every batch is -b): a sum of
         P gradients, each × its weight, ÷ P is their mean over every sample."""
-        batches = [self.batch_of(r) for r in range(self.workers)]
-        return self.workers * batches[rank] / sum(batches)
+        from hetsync.clock.profile import sample_weights
+
+        return sample_weights([self.batch_of(r) for r in range(self.workers)])[rank]
 
     def make_clock(self):
         """The clock the run is timed by (`hetsync.clock`): a worker's own."""
@@ -628,6 +649,16 @@ class Config:
                                 "injection brings foreign classes to a worker that lacks them")
         if self.balanced_batches and self.workers > 1:
             self._check_balanced_batches(bad)
+        if not 0 <= self.replan_drift <= 10:
+            raise bad("replan_drift", "a fraction in 0..10 (0: never re-plan)")
+        if self.replan_drift != REPLAN_DRIFT and not (
+                self.balanced_batches and self.spec.worker.rounds_all_or_none):
+            from hetsync.algorithms import registry
+
+            raise bad("replan_drift", f"{REPLAN_DRIFT:g} (unused) unless --balanced-batches 1 "
+                      f"in a mode whose every round is one sum of every worker "
+                      f"({', '.join(registry.names(rounds_all_or_none=True))}); "
+                      f"-m {self.mode} with --balanced-batches {int(self.balanced_batches)}")
         if self.time_budget is not None and not 0 < self.time_budget < math.inf:
             raise bad("time_budget", "a finite number of seconds > 0")
         if self.target_acc is not None and not 0 < self.target_acc <= 1:

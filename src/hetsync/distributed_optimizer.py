@@ -54,6 +54,7 @@ from hetsync._version import __version__
 from hetsync.algorithms import registry
 from hetsync.algorithms.base import Action, ControlPath, Step
 from hetsync.config import COLLECTIVES
+from hetsync.clock.profile import sample_weights
 from hetsync.runtime.assembly import Wiring, assemble
 from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.comm.errors import CommError
@@ -139,8 +140,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         #: this worker's batch (see the class docstring), and its share of a step's samples
         self._batch_sizes = _balanced(batch_size, profile, workers, spec)
         self.batch_size = self._batch_sizes[rank] if self._batch_sizes else None
-        sample_weight = (workers * self.batch_size / sum(self._batch_sizes)
-                         if profile is not None else 1.0)
+        sample_weight = (sample_weights(self._batch_sizes)[rank] if profile is not None
+                         else 1.0)
         DistributedOptimizer._made += 1
         prefix = f"hetsync/wrap/{DistributedOptimizer._made}"
         store = dist.distributed_c10d._get_default_store() if workers > 1 else None

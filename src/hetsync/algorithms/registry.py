@@ -234,12 +234,14 @@ def specs() -> tuple[ModeSpec, ...]:
     return tuple(sorted(_REGISTRY.values(), key=order))
 
 
-def names(*, baseline: bool | None = None, counts_samples: bool | None = None
-          ) -> tuple[str, ...]:
-    """Registered mode names, in the order of `specs` (``baseline``, ``counts_samples``
-    filter)."""
+def names(*, baseline: bool | None = None, counts_samples: bool | None = None,
+          rounds_all_or_none: bool | None = None) -> tuple[str, ...]:
+    """Registered mode names, in the order of `specs` (``baseline``, ``counts_samples``,
+    and the worker's `Mode.rounds_all_or_none` filter)."""
     return tuple(s.name for s in specs() if (baseline is None or s.baseline == baseline)
-                 and (counts_samples is None or s.counts_samples == counts_samples))
+                 and (counts_samples is None or s.counts_samples == counts_samples)
+                 and (rounds_all_or_none is None
+                      or s.worker.rounds_all_or_none == rounds_all_or_none))
 
 
 def options_doc(indent: str = "") -> str:

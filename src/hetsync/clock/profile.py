@@ -58,6 +58,13 @@ def balanced_batches(batch: int, slowness: list[float] | tuple[float, ...]) -> l
     return [max(1, math.floor(batch * fastest / s + 1e-9)) for s in slowness]
 
 
+def sample_weights(batches: list[int]) -> list[float]:
+    """Each device's share of a step's samples × P, where batches differ: a sum of the P
+    gradients, each × its weight, ÷ P is their mean over every sample (1 each where the
+    batches are equal)."""
+    return [len(batches) * b / sum(batches) for b in batches]
+
+
 class ProfileError(ValueError):
     """A profile that cannot be read or holds what a profile cannot; the message names the
     file, the key and what would be valid."""

@@ -7,7 +7,9 @@ rank RANK, once its mode's round counter has reached ROUND (between two steps), 
 - ``exit``: ends its process at once (`os._exit`, code :data:`EXIT_CODE`: no `finally`
   runs, no goodbye is said, as a crash);
 - ``hang``: stops making progress without closing anything (a wedged process: its peers
-  see only silence, which their --timeout or the watchdogs must end).
+  see only silence, which their --timeout or the watchdogs must end);
+- ``slow``: its device runs at half its speed from then on (its emulated slowdown doubled,
+  as a throttled or shared device: what re-planned batches follow, `runtime/replan.py`).
 
 1. :func:`planned` reads the faults meant for a rank (ConfigError on a malformed value);
 2. :func:`due` is the pure predicate: whether one of them is due at a round;
@@ -24,7 +26,7 @@ from hetsync.options import ConfigError
 from hetsync.telemetry.rundir import tell
 
 ENV = "HETSYNC_FAULT"
-KINDS = ("exit", "hang")
+KINDS = ("exit", "hang", "slow")
 #: an injected exit's code (apart from a crash's 1 and a signal's negative codes)
 EXIT_CODE = 17
 
@@ -63,13 +65,17 @@ def due(faults: list[Fault], round_: int) -> Fault | None:
     return next((f for f in faults if f.round <= round_), None)
 
 
-def inject(fault: Fault, run_dir=None) -> None:
-    """Do `fault` (`exit` does not return; nor does `hang`, until a signal ends it), said
-    on the console and in `run_dir`'s events."""
+def inject(fault: Fault, run_dir=None, timer=None) -> None:
+    """Do `fault` (`exit` does not return; nor does `hang`, until a signal ends it; `slow`
+    slows `timer`, the rank's `StepTimer`), said on the console and in `run_dir`'s
+    events."""
     tell(run_dir, "fault", f"rank {fault.rank}: injected fault: {fault.kind} after round "
                            f"{fault.round} ({ENV})",
          rank=fault.rank, kind=fault.kind, round=fault.round)
     if fault.kind == "exit":
         os._exit(EXIT_CODE)
+    if fault.kind == "slow":
+        timer.factor *= 2
+        return
     while True:  # hang: a thread of torch's may still answer, the loop never goes on
         time.sleep(3600)

@@ -21,9 +21,10 @@ per epoch (docs/design.md, "The data ledger").
    draws are now, under the new generation (`hand_over`), and the shard's new holder — the
    worker that joins, for its own — waits for it (`taken_over`; a regroup's alarm ends the
    wait);
-5. a worker draws its shards in turn, one batch of each (`HeldShards.draw`), each with its
-   own worker's sampler (seed and batch size), and records another's apart (a record's
-   `held`, `telemetry/ledger.py`);
+5. a worker draws its shards in turn, one batch of each (`HeldShards.draw`; where the
+   batches are re-planned, its worker's batch of draws of a sample, `draw_batch` and
+   `runtime/replan.py`), each with its own worker's sampler (seed and batch size), and
+   records another's apart (a record's `held`, `telemetry/ledger.py`);
 6. an asynchronous mode has no membership to agree on (each worker talks to the parameter
    server alone): its members are the ranks `launch` has not marked lost, and each shard's
    drawer is named in the store (`DRAWER`). At most twice a second, after a record, a
@@ -45,6 +46,8 @@ import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from hetsync.comm.errors import CommError, CommTimeoutError
 
@@ -86,6 +89,8 @@ class HeldShards:
         #: each shard's batches per epoch, of every shard held so far (for the records)
         self.epoch_batches = {own: batches_per_epoch(sampler)}
         self._turn = 0
+        #: what one draw is, for the ledger: a batch, or a re-planning run's sample
+        self.unit = "batch"
 
     def start_at(self, shard: int, epoch: int, batch: int) -> None:
         """Draw `shard` from batch `batch` of epoch `epoch` on."""
@@ -98,17 +103,36 @@ class HeldShards:
         """The next batch, of each shard in turn: (shard, epoch, batch number, indices).
         `before`: only of the epochs before it (None once every shard held has reached it;
         `hetsync.wrap`'s passes, one an epoch)."""
+        shard = self._next(before)
+        if shard is None:
+            return None
+        epoch, number, indices = self._take(shard)
+        return shard, epoch, number, indices
+
+    def draw_batch(self, draws: Callable[[int], int]
+                   ) -> tuple[int, list[tuple[int, int]], np.ndarray]:
+        """The next batch, of each shard in turn, made of `draws(shard)` of its sampler's
+        draws (a re-planning run's, a sample each: `runtime/replan.py`): (shard, the
+        (epoch, number) of each draw, the indices)."""
+        shard = self._next(None)
+        taken = [self._take(shard) for _ in range(draws(shard))]
+        return (shard, [(epoch, number) for epoch, number, _ in taken],
+                np.concatenate([indices for _, _, indices in taken]))
+
+    def _next(self, before: int | None) -> int | None:
         order = [s for s in sorted(self.shards) if before is None or self.at(s) < (before, 0)]
         if not order:
             return None
-        shard = order[self._turn % len(order)]
         self._turn += 1
+        return order[(self._turn - 1) % len(order)]
+
+    def _take(self, shard: int) -> tuple[int, int, Any]:
         s = self.shards[shard]
         if s.draws is None:
             s.draws = iter(s.sampler)  # (endless: the shard's epochs one after another)
         epoch, indices = next(s.draws)
         s.position = (epoch, s.position[1] + 1) if epoch == s.position[0] else (epoch, 1)
-        return shard, epoch, s.position[1] - 1, indices
+        return epoch, s.position[1] - 1, indices
 
     def at(self, shard: int) -> tuple[int, int]:
         """Where `shard`'s draws are, an epoch's end written as the next one's start."""
@@ -120,7 +144,7 @@ class HeldShards:
         """A round record's ledger fields beside its own draws (`drawn`): the own shard's
         batches per epoch, and the draws of the shards held for others (`held`), each with
         its batches per epoch (`telemetry/ledger.py`)."""
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {"ledger_unit": self.unit} if self.unit != "batch" else {}
         if drawn and self.epoch_batches[self.own] is not None:
             fields["epoch_batches"] = self.epoch_batches[self.own]
         if held:  # (a shard handed on this round is in it too)

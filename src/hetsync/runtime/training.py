@@ -51,7 +51,7 @@ import torch
 from hetsync.algorithms.base import ControlPath, Mode, Step
 from hetsync.comm.errors import CommError
 from hetsync.config import Config
-from hetsync.runtime import faults, shards
+from hetsync.runtime import faults, replan, shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
@@ -131,7 +131,13 @@ class TrainingLoop:
         #: the shards this worker draws: its own, and a lost worker's or a spare's it holds
         #: (`runtime/shards.py`; `sampler_of(rank)`: another worker's sampler)
         self.held = shards.HeldShards(rank, batches, sampler_of)
-        self._own_batch = plan.batch
+        #: the batch its device's step time is given for (`RankPlan.batch`)
+        self._timed_batch = plan.batch
+        #: the batches re-planned as the devices' speeds drift (`runtime/replan.py`; None:
+        #: they stay as planned), drawn a sample at a time
+        self.batch_plan = replan.BatchPlan.of(cfg)
+        if self.batch_plan is not None:
+            self.held.unit = "sample"
         self.device = mode.comm.device
         self.recorder, self.run_dir = recorder, run_dir
         #: the leader's `eval.jsonl` and `SnapshotWriter` (`_take_lead`)
@@ -167,6 +173,18 @@ class TrainingLoop:
         # (an asynchronous mode's shards: `_follow_drawers`)
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         self._take_lead()
+
+    @property
+    def _own_batch(self) -> int:
+        """This worker's batch now."""
+        if self.batch_plan is None:
+            return self._timed_batch
+        return self.batch_plan.batches[self.rank]
+
+    def _draws_of(self, shard: int) -> int:
+        """The draws of `shard`'s sampler that make a step's batch: its worker's batch, a
+        sample at a time (one batch where the batches are not re-planned)."""
+        return 1 if self.batch_plan is None else self.batch_plan.batches[shard]
 
     def _now(self) -> float:
         """The worker's clock (`hetsync.clock`: the wall clock, or a virtual one): every time
@@ -597,8 +615,9 @@ class TrainingLoop:
         self._hold_shards(joined=self.joining)
         comm.clock.take()
         while True:
-            shard, epoch, number, idx = self.held.draw()
-            rnd.draw(epoch, number, shard=None if shard == self.rank else shard)
+            shard, draws, idx = self.held.draw_batch(self._draws_of)
+            for epoch, number in draws:
+                rnd.draw(epoch, number, shard=None if shard == self.rank else shard)
             if self._publishes_draws:  # (before the sum: `Mode.rounds_all_or_none`)
                 self._publish_positions(drawing=True)
             started, waited = timer.begin(), comm.clock.total()
@@ -613,8 +632,9 @@ class TrainingLoop:
             loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            timer.emulate(mode.batch_share)  # a slower device (runtime/heterogeneity.py); DDP
-            # did in backward
+            # a slower device (runtime/heterogeneity.py; DDP did in backward), for the samples
+            timer.emulate(len(idx) / self._timed_batch)  # of the step
+
             ended = self._now()
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
@@ -633,7 +653,8 @@ class TrainingLoop:
                 break
             fault = faults.due(self._faults, mode.round)
             if fault is not None:
-                faults.inject(fault, self.run_dir)
+                self._faults.remove(fault)
+                faults.inject(fault, self.run_dir, timer)
         if self.leads and self.membership is not None:
             self.membership.close()  # nobody is let in after the stop
         try:
@@ -664,6 +685,10 @@ class TrainingLoop:
         stop = (self._act(st, agreement, admit=False)
                 or self._background_agreement(st, wait=False))
         self._record(finished_round, rnd, st, step.epoch)
+        if self.batch_plan is not None:
+            self.batch_plan.meter(rnd.samples, rnd.compute)
+            if replan.due(finished_round) and not stop:
+                self._replan(finished_round)
         rnd = RoundAccount(st.eval_total, start=self._now())
         if agreement is not None and agreement.admit:  # (after the record: where a member
             self._admit(st)  # is lost as they admit, the regroup must not draw again a
@@ -671,6 +696,28 @@ class TrainingLoop:
         if self._checkpoint_due:  # its time: the next round's eval_s, not training
             self._write_checkpoint(st)
         return stop, rnd
+
+    def _replan(self, round_: int) -> None:
+        """Every member: compare the speeds measured since the last check with those the
+        batches follow, and re-plan them past the drift (`runtime/replan.py`, steps 2-3)."""
+        plan = self.batch_plan
+        speeds = plan.replanned(self.mode.comm.barrier(plan.measured(self.rank),
+                                                       phase="comm").tolist())
+        if speeds is None:
+            return
+        before = list(plan.batches)
+        self._follow_plan(speeds)
+        tell(self.run_dir if self.leads else None, "replan",
+             f"hetsync worker: rank {self.rank}: the devices' speeds drifted past "
+             f"{plan.drift:.0%}: batches {', '.join(map(str, before))} -> "
+             f"{', '.join(map(str, plan.batches))} from round {round_ + 1} (speeds "
+             f"{', '.join(f'{s:.2f}' for s in speeds)})",
+             round=round_ + 1, speeds=speeds, batches=list(plan.batches), before=before)
+
+    def _follow_plan(self, speeds: list[float]) -> None:
+        """Draw and weigh this worker's steps by the batches `speeds` make."""
+        self.batch_plan.adopt(speeds)
+        self.mode.comm.sample_weight = self.batch_plan.sample_weight_of(self.rank)
 
     def _regroup(self, st: LoopState, err: CommError) -> None:
         """A peer was lost: go on with the survivors where the run can
@@ -785,14 +832,18 @@ class TrainingLoop:
                             op="join") from lost
 
     def _take_leaders_counts(self, st: LoopState, joined: bool) -> None:
-        """The leader's counts of samples and evaluations, on every member; `joined`: also
-        its clock (training time, evaluation time, the last evaluation's) and its count of
-        checkpoints, which the worker that joins goes on from."""
+        """The leader's counts of samples and evaluations, and its batch plan
+        (`runtime/replan.py`, step 5), on every member; `joined`: also its clock (training
+        time, evaluation time, the last evaluation's) and its count of checkpoints, which
+        the worker that joins goes on from."""
         now = self._now()
+        plan = self.batch_plan
         counts = self.mode.comm.broadcast(torch.tensor(
             [st.samples_seen, self._evaluations, now - st.t0, st.eval_total,
-             st.last_eval_train_time, self.checkpointer.index if self.checkpointer else 0],
-            dtype=torch.float64)).tolist()
+             st.last_eval_train_time, self.checkpointer.index if self.checkpointer else 0,
+             *(plan.speeds if plan is not None else ())], dtype=torch.float64)).tolist()
+        if plan is not None:  # (`runtime/replan.py`, step 5)
+            self._follow_plan(counts[6:])
         st.samples_seen, self._evaluations = int(counts[0]), int(counts[1])
         self.control.rejoin(st.samples_seen)
         if joined:
@@ -813,7 +864,8 @@ class TrainingLoop:
         self._last_recorded = round_
         self.held.round_over()  # (the next round's draws begin here)
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
-        self.recorder.write({**record, **self.held.record_fields(rnd.drawn, rnd.held)})
+        self.recorder.write({**record, **self.held.record_fields(rnd.drawn, rnd.held),
+                             **({"batch": self._own_batch} if self.batch_plan else {})})
         if not self._publishes_draws:
             self._publish_positions()
         self._follow_drawers()

@@ -381,8 +381,10 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
         return run_dir
 
     def sampler_of(r: int):
-        """Worker `r`'s batches (this worker's own, or a shard it holds for `r`)."""
-        batches = ShardSampler(shards[r], cfg.batch_of(r), seed=cfg.seed * 1000 + r)
+        """Worker `r`'s batches (this worker's own, or a shard it holds for `r`); a sample
+        at a time where the batches are re-planned (`runtime/replan.py`)."""
+        batches = ShardSampler(shards[r], 1 if cfg.replans else cfg.batch_of(r),
+                               seed=cfg.seed * 1000 + r)
         if cfg.inject:  # foreign classes from this worker's own copy of the data (SelSync)
             from hetsync.data.injection import InjectingSampler
 

@@ -9,7 +9,9 @@ apart (`held`: shard, ranges, its batches per epoch). A worker's sampler is dete
 Per shard and epoch, a batch drawn by two recorded rounds is *twice*; one missing below the
 highest batch drawn in that epoch, or in an epoch the shard's draws went past, is *skipped*
 (its round was dropped: a regroup discards a round in flight); the batches nobody had reached
-when the run ended are *left* in its last epoch.
+when the run ended are *left* in its last epoch. A run whose batches are re-planned draws a
+sample at a time (`runtime/replan.py`): its records say so (``ledger_unit``), and its ledger's
+"batches" are samples (`unit`).
 """
 
 from __future__ import annotations
@@ -113,12 +115,15 @@ def covered(start: tuple[int, int], drawn: Iterable[list[int]],
 
 def run_ledger(workers: dict[int, list[dict[str, Any]]]) -> dict[str, Any] | None:
     """Every shard's ledger (under its worker's rank, with the workers that drew it,
-    `drawn_by`) and the run's totals of batches drawn twice and skipped."""
+    `drawn_by`), the run's totals of batches drawn twice and skipped, and what a batch is
+    there (`unit`: batch, or sample)."""
     per = {shard: {**led, "drawn_by": by} for shard, (drawn, batches, by)
            in sorted(shard_draws(workers).items())
            if (led := shard_ledger(drawn, batches)) is not None}
     if not per:
         return None
-    return {"batches_twice": sum(led["batches_twice"] for led in per.values()),
+    unit = next((r["ledger_unit"] for records in workers.values() for r in records
+                 if r.get("ledger_unit")), "batch")
+    return {"unit": unit, "batches_twice": sum(led["batches_twice"] for led in per.values()),
             "batches_skipped": sum(led["batches_skipped"] for led in per.values()),
             "per_worker": {str(shard): led for shard, led in per.items()}}

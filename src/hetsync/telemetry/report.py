@@ -81,7 +81,8 @@ def print_summary(summary: Mapping[str, Any], stream=None) -> None:
              if s.get("synced_fraction") is not None else ""), file=stream)
     if s.get("ledger"):
         led = s["ledger"]
-        print(f"data ledger: {led['batches_twice']} batch(es) drawn twice, "
+        units = "sample(s)" if led.get("unit") == "sample" else "batch(es)"
+        print(f"data ledger: {led['batches_twice']} {units} drawn twice, "
               f"{led['batches_skipped']} skipped"
               + "".join(f"; rank {r}: {w['batches_left_in_last_epoch']} of epoch "
                         f"{w['epochs'] - 1}'s {w['epoch_batches']} not drawn"

@@ -68,6 +68,8 @@ EVENTS_KINDS = {
     "exited": "launch saw a process end and the run go on (process, code, rejoins)",
     "restarted": "launch started processes again: the run, a service, spares (what, ...)",
     "fault": "a fault injected by HETSYNC_FAULT (rank, kind, round)",
+    "replan": "the devices' speeds drifted: the balanced batches were re-planned (round, "
+              "speeds, batches, before)",
     "slow_device": "a device ran below its nominal speed (rank, speed_of_nominal)",
     "overdue": "launch's watchdog stopped a run past its budget (running)",
 }
