@@ -9,7 +9,9 @@ with `--slowdowns`, as `launch` runs them). Each rank:
    its memory bandwidth or its PCIe slow each other down then too), times its training
    steps — data, forward, backward, optimizer — for `--seconds` after a warm-up, at each of
    `--batch-sizes`; the median of each is its time at that batch, and a least-squares line
-   through them gives the device's seconds per step and per sample (`fit_device`);
+   through them gives the device's seconds per step and per sample (`fit_device`); an
+   emulated device (`--slowdowns`) sleeps each step up to its factor × the reference step,
+   which rank 0 measures first as `launch` does (`reference_work`);
 3. where it shares its host with other ranks, times the same steps again alone, one rank
    after another (the others wait at a barrier): a run of the fastest device by itself
    does not share its cores, and `Device.alone` says how fast it is then;
@@ -136,13 +138,12 @@ def _device_name(device) -> str:
 
 
 def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: int,
-               factor: float = 1.0) -> float:
+               factor: float = 1.0, work: float | None = None) -> float:
     """The median wall time of the training steps at `batch` in `seconds` (at least 3) after
     `warmup`: every rank steps for the same time, so each is measured beside the same
     neighbours throughout. An emulated device (`factor` > 1) sleeps each step up to
-    `factor` × the median CPU time of its real steps (over the first half of the time: its
-    work without the time neighbours took from it, as `heterogeneity.StepTimer` measures
-    it), and that is what is timed."""
+    `factor` × `work`, the reference device's work at `batch` (`reference_work`), as
+    `heterogeneity.StepTimer` does in a run, and that is what is timed."""
     import torch
 
     from ..runtime.heterogeneity import StepTimer
@@ -155,11 +156,8 @@ def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: i
     rng = torch.Generator().manual_seed(cfg.seed + batch)
     n = len(split.train)
 
-    cpu_clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time
-    cpu: list[float] = []
-
     def step() -> float:
-        started, cpu_started = time.perf_counter(), cpu_clock()
+        started = time.perf_counter()
         x, y = split.train.batch(torch.randint(n, (batch,), generator=rng))
         x, y = x.to(device), y.to(device)
         optimizer.zero_grad(set_to_none=True)
@@ -167,9 +165,7 @@ def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: i
         optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        wall = time.perf_counter() - started
-        cpu.append(wall if device.type == "cuda" else min(wall, cpu_clock() - cpu_started))
-        return wall
+        return time.perf_counter() - started
 
     def for_a_while(one, span: float) -> list[float]:
         out, end = [], time.perf_counter() + span
@@ -181,8 +177,7 @@ def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: i
         step()
     if factor <= 1:
         return statistics.median(for_a_while(step, seconds))
-    for_a_while(step, seconds / 2)  # (its work: the CPU time of a step, as StepTimer's)
-    timer = StepTimer(factor, cpu_device=device.type == "cpu", work=statistics.median(cpu))
+    timer = StepTimer(factor, cpu_device=device.type == "cpu", work=work)
 
     def emulated() -> float:
         started = timer.begin()
@@ -190,7 +185,31 @@ def time_steps(cfg: Config, split, device, batch: int, seconds: float, warmup: i
         timer.emulate()
         return time.perf_counter() - started
 
-    return statistics.median(for_a_while(emulated, seconds / 2))
+    return statistics.median(for_a_while(emulated, seconds))
+
+
+def reference_work(cfg: Config, split, batches: Sequence[int], rank: int,
+                   world: int) -> list[float]:
+    """Emulated devices (`--slowdowns`): the reference device's work per step at each of
+    `batches`, as `launch` measures it for its workers (`emulation.measure_step_work`: warm,
+    alone), by rank 0 while the others wait, then sent to every rank. All emulated devices
+    run on it: one that sleeps most of its step computes on a cold cache, and its own CPU
+    time would make it slower than its factor says (as in a run)."""
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from ..runtime.emulation import measure_step_work
+
+    works = torch.zeros(len(batches), dtype=torch.float64)
+    if rank == 0:
+        for i, b in enumerate(batches):
+            works[i] = measure_step_work(dataclasses.replace(cfg, batch_size=b), split,
+                                         steps=30, warmup=5, seconds=1.0)
+    if world > 1:
+        dist.broadcast(works, src=0)
+    return works.tolist()
 
 
 def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> None:
@@ -210,11 +229,14 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
         else (lambda text: None)
     say(f"{world} rank(s), {opts.network} on {opts.dataset}, batches "
         f"{', '.join(map(str, opts.batch_sizes))}: every device at once")
+    works = (reference_work(cfg, split, opts.batch_sizes, rank, world) if opts.slowdowns
+             else [None] * len(opts.batch_sizes))
     times = []
-    for b in opts.batch_sizes:
+    for b, work in zip(opts.batch_sizes, works):
         if world > 1:
             dist.barrier()  # (every rank times the same batch beside the same neighbours)
-        times.append(time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor))
+        times.append(time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor,
+                                work))
     fixed, per_sample = fit_device(opts.batch_sizes, times)
     hosts = [bytes(h.tolist()).rstrip(b"\0") for h in _gather(_text(socket.gethostname()),
                                                              world)]
@@ -227,8 +249,8 @@ def probe_rank(rank: int, world: int, opts: ProbeOptions, stream=sys.stdout) -> 
         dist.barrier()
         if r == rank:
             alone = list(fit_device(opts.batch_sizes, [
-                time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor)
-                for b in opts.batch_sizes]))
+                time_steps(cfg, split, device, b, opts.seconds, opts.warmup, factor, work)
+                for b, work in zip(opts.batch_sizes, works)]))
     if shared:
         dist.barrier()
     mine = torch.tensor([fixed, per_sample, _memory_headroom(device), *alone, *times],
