@@ -75,7 +75,9 @@ def test_a_profiles_config_has_its_devices_and_a_steps_fixed_part_does_not_scale
                  mode="sync").with_profile(given={"profile"})
     assert (cfg.clock, cfg.workers, cfg.step_work) == ("virtual", 3, pytest.approx(0.006))
     assert cfg.link_latency == 1e-4 and cfg.link_bandwidth == "1gbit"
-    assert [cfg.batch_of(r) for r in range(3)] == [64, 19, 19]
+    # balanced with the fixed parts: the slow device's 8 samples take the fast one's 6 ms
+    # for 64 (4 ms + 8 x 0.25 ms; in proportion to the times of 64, 19: 8.75 ms)
+    assert [cfg.batch_of(r) for r in range(3)] == [64, 8, 8]
     # each device's step of its own batch costs what the profile says, whatever the batch
     for rank, device in enumerate(load(cfg.profile).devices):
         timer = StepTimer(cfg.slowdown_of(rank), work=cfg.step_work_of(rank),

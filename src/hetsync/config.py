@@ -384,11 +384,19 @@ class Config:
 
     def batch_of(self, rank: int) -> int:
         """Worker `rank`'s batch: -b, or with --balanced-batches -b × the fastest worker's
-        slowdown ÷ its own, rounded down (no step longer than the fastest's), at least 1."""
+        slowdown ÷ its own, rounded down (no step longer than the fastest's), at least 1.
+        A profile's devices (a fixed part per step, `step_overheads`): the most samples
+        whose step fits in the fastest's step of -b, fixed parts included — a GPU's fixed
+        cost does not shrink with its batch."""
         from hetsync.clock.profile import balanced_batches
 
         if not self.balanced_batches:
             return self.batch_size
+        if self.step_overheads and self.step_work is not None and not self.device_speeds:
+            fastest = self.step_work * min(map(self.slowdown_of, range(self.workers)))
+            fixed = self.step_overhead_of(rank)
+            per_batch = self.step_work * self.slowdown_of(rank) - fixed
+            return max(1, math.floor(self.batch_size * (fastest - fixed) / per_batch + 1e-9))
         return balanced_batches(self.batch_size, [self._relative_slowness(r)
                                                   for r in range(self.workers)])[rank]
 
@@ -398,12 +406,6 @@ class Config:
         (`runtime/replan.py`)."""
         return (self.balanced_batches and self.replan_drift > 0 and self.workers > 1
                 and self.spec.worker.rounds_all_or_none)
-
-    def relative_speeds(self) -> list[float]:
-        """Each worker's device's speed relative to the fastest's (1): what the balanced
-        batches follow."""
-        slowness = [self._relative_slowness(r) for r in range(self.workers)]
-        return [min(slowness) / s for s in slowness]
 
     def _relative_slowness(self, rank: int) -> float:
         """What the balanced batches follow: the measured speeds of real devices

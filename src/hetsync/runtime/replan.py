@@ -93,7 +93,10 @@ class BatchPlan:
         re-plan (`Config.replans`)."""
         if not cfg.replans:
             return None
-        return cls(cfg.batch_size, cfg.relative_speeds(), cfg.replan_drift)
+        # (the speeds per sample its batches make alike: b_i / -b where every step takes
+        # as long, whatever the devices' fixed parts per step)
+        return cls(cfg.batch_size, [cfg.batch_of(r) / cfg.batch_size
+                                    for r in range(cfg.workers)], cfg.replan_drift)
 
     def adopt(self, speeds: list[float]) -> None:
         """Follow `speeds` (relative to the fastest's) from now on (step 3)."""

@@ -707,6 +707,8 @@ class TrainingLoop:
             return
         before = list(plan.batches)
         self._follow_plan(speeds)
+        if plan.batches == before:  # (rounded to whole samples, the same batches)
+            return
         tell(self.run_dir if self.leads else None, "replan",
              f"hetsync worker: rank {self.rank}: the devices' speeds drifted past "
              f"{plan.drift:.0%}: batches {', '.join(map(str, before))} -> "
