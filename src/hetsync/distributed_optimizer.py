@@ -60,6 +60,7 @@ from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
+from hetsync.runtime import shards
 from hetsync.telemetry.recorder import JsonlWriter
 from hetsync.telemetry.rundir import RunDir
 
@@ -296,8 +297,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sits_out = overflowed and mode.counts_contributors and not mode.joined
         mode.joined = mode.joined or sits_out
         rnd = self._round_account()
-        publishes_draws = (self._batches is not None and self._membership is not None
-                           and mode.rounds_all_or_none)
+        publishes_draws = (self._batches is not None
+                           and shards.publishes_before_sum(mode, self._membership))
         try:  # the training loop's own step (`runtime/rounds.py`)
             action = decide(mode, Step(self._step_started, ended))
             if publishes_draws:

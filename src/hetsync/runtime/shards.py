@@ -57,6 +57,14 @@ KEY = "hetsync/shard"
 DRAWER = "hetsync/drawer"
 
 
+def publishes_before_sum(mode, membership) -> bool:
+    """Step 2's predicate: whether a worker of `mode` publishes where its shards stand as it
+    draws, before the round's sum, not after its record — where a membership goes on
+    without a lost worker (`membership`: not None) and every member completes a round or
+    none does (`Mode.rounds_all_or_none`)."""
+    return membership is not None and mode.rounds_all_or_none
+
+
 def holder(shard: int, members: list[int]) -> int:
     """The member that draws `shard`: its own worker, else the members' (shard mod k)-th."""
     members = sorted(members)

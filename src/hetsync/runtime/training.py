@@ -487,7 +487,7 @@ class TrainingLoop:
     def _publishes_draws(self) -> bool:
         """Where its shards stand goes to the store as they are drawn, before the round's
         sum, not after its record (`runtime/shards.py`, step 2)."""
-        return self.membership is not None and self.mode.rounds_all_or_none
+        return shards.publishes_before_sum(self.mode, self.membership)
 
     def _publish_positions(self, drawing: bool = False) -> None:
         if self.membership is not None or self._claims_shards:
