@@ -632,9 +632,8 @@ class TrainingLoop:
             loss.backward()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            # a slower device (runtime/heterogeneity.py; DDP did in backward), for the samples
-            timer.emulate(len(idx) / self._timed_batch)  # of the step
-
+            # a slower device (runtime/heterogeneity.py; DDP did in backward), for the step's
+            timer.emulate(len(idx) / self._timed_batch)  # samples
             ended = self._now()
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
