@@ -103,7 +103,7 @@ def _member(rank, members, store, generation, held_shards=()):
         membership=types.SimpleNamespace(members=members, generation=generation,
                                          alarm=lambda: False),
         mode=types.SimpleNamespace(round=1, rounds_all_or_none=True),
-        held=shards.HeldShards(rank, _sampler(rank), make=_sampler))
+        held=shards.HeldShards(rank, _sampler(rank), make=_sampler), _lost_draws={})
     for name in ("_mine", "_hand_over_shards", "_retake_shards", "start_at",
                  "_publish_positions"):
         setattr(me, name, types.MethodType(getattr(TrainingLoop, name), me))
@@ -136,7 +136,8 @@ def test_a_lost_workers_shard_is_taken_on_after_the_rounds_the_survivors_complet
     stopped after the round's sum, before its record (`results/chaos.md`, 2026-11-30: its
     batch was drawn again). Rank 0, the holder of shard 2 once [0, 1] go on, takes it on
     after round 2's batch where the survivors completed round 2, from it where its sum
-    failed (the survivors' next round is 2 again)."""
+    failed (the survivors' next round is 2 again). Completed, round 2's batch is in the
+    global model and in none of rank 2's records: rank 0's next record names it."""
     store = dist.HashStore()
     two = _member(2, [0, 1, 2], store, 1)
     for round_ in (1, 2):
@@ -149,9 +150,13 @@ def test_a_lost_workers_shard_is_taken_on_after_the_rounds_the_survivors_complet
     zero.mode.round = 3 if completed else 2
     zero._retake_shards()
     assert zero.held.positions()[2] == ((0, 2) if completed else (0, 1))
+    assert zero._lost_draws == ({2: ((0, 1), (0, 2))} if completed else {})
+    assert shards.ranges((0, 1), (0, 2), 7) == [[0, 1, 2]]
+    assert shards.ranges((0, 6), (1, 1), 7) == [[0, 6, 7], [1, 0, 1]]
     # a position published after a record names no round: its draws were all recorded
-    shards.publish(store, {2: (0, 1)})
-    assert shards.published(store, 2, next_round=1) == (0, 1)
+    shards.publish(store, {2: (0, 2)})
+    assert shards.published(store, 2, next_round=3) == (0, 2)
+    assert shards.unrecorded(store, 2, next_round=3) is None
 
 
 def test_an_admission_moves_a_shard_between_members_as_far_as_its_draws_went():

@@ -309,10 +309,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise
             self._regroup(err)  # (or raises): the round is dropped
             if self._batches is not None:  # its batches drawn again, and the shards this
-                rnd.drawn.clear()            # worker holds now
-                rnd.held.clear()
-                self._batches.regrouped(self._shard_store, self._membership.members,
-                                        mode.round)
+                rnd.drawn.clear()            # worker holds now (with what their lost
+                rnd.held.clear()             # holders trained but did not record)
+                rnd.held.update(self._batches.regrouped(
+                    self._shard_store, self._membership.members, mode.round))
             action, finished_round = Action.LOCAL, mode.round
         finally:
             mode.joined = mode.joined and not sits_out
@@ -325,8 +325,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._recorder is None:
                 self._unrecorded = RoundAccount()
             # (published where the survivors of a lost worker take its shard on)
-            self._batches.round_over(self._shard_store if self._membership
-                                     and not publishes_draws else None)
+            self._batches.round_over(self._shard_store if self._membership else None)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()

@@ -16,7 +16,7 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
    shard was in when the pass began.
 3. Each batch goes into the round under way as it is drawn; at the round's end its record
    names them (`drawn`, `held`) and the sampler publishes in the store where each shard's
-   draws reached (`sync`: before the round's sum, naming the round, as `launch` does).
+   draws reached (`sync`: before the round's sum too, naming the round, as `launch` does).
 4. Where the survivors of a lost worker go on (`runtime/membership.py`: ESync's background
    rounds, eager-SGD), the regroup drops the round in progress: each survivor draws its own
    shard again from where its last recorded round ended, and the shards it holds now
@@ -101,11 +101,18 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         if store is not None:
             shards.publish(store, self.held.positions())
 
-    def regrouped(self, store, members: list[int], next_round: int) -> None:
+    def regrouped(self, store, members: list[int], next_round: int) -> dict[int, list]:
         """Step 4: the round in progress was dropped and `members` go on from round
         `next_round`: the shards this worker held already from its own count, new ones from
-        where they were published (`TrainingLoop._retake_shards`)."""
-        self.held.take(shards.held_by(self.rank, members, range(self.workers)),
-                       lambda shard: shards.published(store, shard, next_round=next_round),
+        where they were published (`TrainingLoop._retake_shards`). Returns, by new shard,
+        the draws its lost holder trained in a completed round and did not record (its
+        ranges, for the next round's record: `shards.unrecorded`)."""
+        mine = shards.held_by(self.rank, members, range(self.workers))
+        lost = {shard: done for shard in mine if shard not in self.held.shards
+                and (done := shards.unrecorded(store, shard, next_round)) is not None}
+        self.held.take(mine, lambda shard: shards.published(store, shard,
+                                                            next_round=next_round),
                        keep=True)
         self.held.redraw()
+        return {shard: shards.ranges(start, end, self.held.epoch_batches.get(shard))
+                for shard, (start, end) in lost.items()}

@@ -16,7 +16,9 @@ per epoch (docs/design.md, "The data ledger").
    holds again from where its last recorded round ended: its own and those it held before
    from its own count, one it holds now from the position its last holder published
    (`published`) -- where that names a round, after it if the survivors completed it, else
-   from its start;
+   from its start. Such a worker also publishes at its record: where the last publish still
+   names a completed round, its holder was lost between the round's sum and its record, and
+   the new holder's next record names that round's draws (`unrecorded`) with its own;
 4. at an admission nothing is dropped: a member that hands a shard on publishes where its
    draws are now, under the new generation (`hand_over`), and the shard's new holder — the
    worker that joins, for its own — waits for it (`taken_over`; a regroup's alarm ends the
@@ -242,6 +244,31 @@ def published(store, shard: int, never: tuple[int, int] | None = (0, 0),
     if len(fields) == 3 and next_round is not None and int(fields[1]) >= next_round:
         return _position(fields[2])
     return _position(fields[0])
+
+
+def unrecorded(store, shard: int, next_round: int
+               ) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """Step 3: where `shard`'s last publish names a round the survivors completed (before
+    their `next_round`) and its drawer published nothing after it — it publishes again at
+    its round's record: it was lost between the round's sum and its record — that round's
+    draws, (from, to): trained, in the global model, and in no record."""
+    key = f"{KEY}/{shard}"
+    if not store.check([key]):
+        return None
+    fields = store.get(key).decode().split(";")
+    if len(fields) == 3 and int(fields[1]) < next_round:
+        return _position(fields[2]), _position(fields[0])
+    return None
+
+
+def ranges(start: tuple[int, int], end: tuple[int, int],
+           epoch_batches: int | None) -> list[list[int]]:
+    """The [epoch, first, end) ranges of draws from data position `start` to `end` (a
+    record's `drawn`, `telemetry/ledger.py`)."""
+    if start[0] == end[0]:
+        return [[start[0], start[1], end[1]]] if end[1] > start[1] else []
+    first = [[start[0], start[1], epoch_batches]] if epoch_batches else []
+    return first + ([[end[0], 0, end[1]]] if end[1] > 0 else [])
 
 
 def hand_over(store, generation: int, shard: int, position: tuple[int, int]) -> None:

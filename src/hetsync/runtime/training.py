@@ -172,6 +172,9 @@ class TrainingLoop:
                             if self.path is ControlPath.STORE and store is not None else None)
         # (an asynchronous mode's shards: `_follow_drawers`)
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
+        #: the shards taken on in a regroup whose lost holder trained a round's draws it
+        #: did not record: (from, to) each (`_retake_shards`)
+        self._lost_draws: dict[int, tuple] = {}
         self._take_lead()
 
     @property
@@ -533,9 +536,17 @@ class TrainingLoop:
         from its own count: `HeldShards.redraw`), and hold the new ones from where their
         last holder published. Its own count, not the store's, for those it kept: a worker
         the regroup left out (paused past the grace) may still publish its last position
-        over the holder's (`results/chaos.md`, 2026-11-30: 8 batches drawn twice)."""
-        self.held.take(self._mine(), lambda shard: shards.published(
-            shared(self.store), shard, next_round=self.mode.round), keep=True)
+        over the holder's (`results/chaos.md`, 2026-11-30: 8 batches drawn twice). A new
+        shard's round its lost holder trained but did not record goes into this worker's
+        next record (`_after_regroup`)."""
+        store, mine = shared(self.store), self._mine()
+        for shard in mine:  # trained in a completed round, recorded nowhere (`shards.py`, 3)
+            done = (shards.unrecorded(store, shard, self.mode.round)
+                    if shard not in self.held.shards else None)
+            if done is not None:
+                self._lost_draws[shard] = done
+        self.held.take(mine, lambda shard: shards.published(
+            store, shard, next_round=self.mode.round), keep=True)
 
     def _hand_over_shards(self, joined: bool) -> None:
         """An admission (nothing dropped): hand on, as they stand now, the shards another
@@ -647,7 +658,7 @@ class TrainingLoop:
             except CommError as err:
                 self._regroup(st, err)  # (or raises)
                 self.held.redraw()  # the dropped round's batches again (the ledger skips none)
-                stop, rnd = False, RoundAccount(st.eval_total, start=self._now())
+                stop, rnd = False, self._after_regroup(st)
             if stop:
                 break
             fault = faults.due(self._faults, mode.round)
@@ -695,6 +706,15 @@ class TrainingLoop:
         if self._checkpoint_due:  # its time: the next round's eval_s, not training
             self._write_checkpoint(st)
         return stop, rnd
+
+    def _after_regroup(self, st: LoopState) -> RoundAccount:
+        """The next round's account: with the draws of the shards this worker took on that
+        their lost holder trained in a completed round but did not record."""
+        rnd = RoundAccount(st.eval_total, start=self._now())
+        for shard, (start, end) in sorted(self._lost_draws.items()):
+            rnd.held[shard] = shards.ranges(start, end, self.held.epoch_batches.get(shard))
+        self._lost_draws = {}
+        return rnd
 
     def _replan(self, round_: int) -> None:
         """Every member: compare the speeds measured since the last check with those the
@@ -867,8 +887,7 @@ class TrainingLoop:
         record = rnd.record(self.mode, self.rank, round_, st.t0, st.eval_total, epoch)
         self.recorder.write({**record, **self.held.record_fields(rnd.drawn, rnd.held),
                              **({"batch": self._own_batch} if self.batch_plan else {})})
-        if not self._publishes_draws:
-            self._publish_positions()
+        self._publish_positions()  # (after a publish before the sum: the round is recorded)
         self._follow_drawers()
 
 
