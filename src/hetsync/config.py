@@ -392,13 +392,12 @@ class Config:
 
         if not self.balanced_batches:
             return self.batch_size
+        ranks = range(self.workers)
         if self.step_overheads and self.step_work is not None and not self.device_speeds:
-            fastest = self.step_work * min(map(self.slowdown_of, range(self.workers)))
-            fixed = self.step_overhead_of(rank)
-            per_batch = self.step_work * self.slowdown_of(rank) - fixed
-            return max(1, math.floor(self.batch_size * (fastest - fixed) / per_batch + 1e-9))
-        return balanced_batches(self.batch_size, [self._relative_slowness(r)
-                                                  for r in range(self.workers)])[rank]
+            return balanced_batches(self.batch_size,
+                                    [self.step_work * self.slowdown_of(r) for r in ranks],
+                                    list(map(self.step_overhead_of, ranks)))[rank]
+        return balanced_batches(self.batch_size, list(map(self._relative_slowness, ranks)))[rank]
 
     @property
     def replans(self) -> bool:

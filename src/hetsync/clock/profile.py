@@ -42,7 +42,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .network import DEFAULT_BANDWIDTH_BPS, DEFAULT_LATENCY_S, Link
 
@@ -50,12 +50,18 @@ FORMAT, VERSION = "hetsync-profile", 1
 JITTERS = ("lognormal", "half-normal")
 
 
-def balanced_batches(batch: int, slowness: list[float] | tuple[float, ...]) -> list[int]:
-    """Each device's batch where batches follow speeds (LB-BSP; `--balanced-batches`):
-    `batch` × the fastest device's slowness ÷ its own (a step time, or a slowdown), rounded
-    down so that no step is longer than the fastest's, at least 1."""
+def balanced_batches(batch: int, slowness: Sequence[float],
+                     fixed: Sequence[float] = ()) -> list[int]:
+    """Each device's batch where batches follow speeds (LB-BSP; `--balanced-batches`): the
+    most samples whose step fits in the fastest device's step of `batch`, at least 1.
+    `slowness`: each device's time for `batch` (or its slowdown); `fixed`: the part of it
+    every step costs whatever its batch (a profile's `step_s`, in the same unit; none: 0),
+    so batch_i = ⌊`batch` × (T_min − f_i) ÷ (T_i − f_i)⌋ — with no fixed part, `batch` ×
+    the fastest's slowness ÷ its own."""
+    fixed = list(fixed) or [0.0] * len(slowness)
     fastest = min(slowness)
-    return [max(1, math.floor(batch * fastest / s + 1e-9)) for s in slowness]
+    return [batch if t - f <= 0 else max(1, math.floor(batch * (fastest - f) / (t - f) + 1e-9))
+            for t, f in zip(slowness, fixed)]
 
 
 def sample_weights(batches: list[int]) -> list[float]:
@@ -119,8 +125,10 @@ class ClusterProfile:
         return Link(max(l.latency_s for l in links), min(l.bandwidth_bps for l in links))
 
     def batches(self, batch: int) -> list[int]:
-        """Each device's batch, balanced to its time at `batch` (`balanced_batches`)."""
-        return balanced_batches(batch, self.slowdowns(batch))
+        """Each device's batch, balanced to its time at `batch`, its fixed part per step
+        counted (`balanced_batches`)."""
+        return balanced_batches(batch, [d.seconds(batch) for d in self.devices],
+                                [d.step_s for d in self.devices])
 
     def slowdowns(self, batch: int) -> tuple[float, ...]:
         """Each device's time for `batch` samples over the fastest's."""
