@@ -113,6 +113,28 @@ def test_a_balanced_run_resumes_only_as_it_was_and_a_worker_needs_the_reference_
         run_process(dataclasses.replace(saved, step_work=None))
 
 
+def test_a_run_from_before_re_planned_batches_resumes_with_batches_planned_once(tmp_path):
+    """Its checkpoints' data positions count batches: resumed, it does not re-plan (which
+    draws and counts samples); a run that says its --replan-drift keeps it."""
+    import json
+
+    from hetsync.cli import _check_resumable, _resumed_config
+
+    cfg = _launch("-m", "sync", "--balanced-batches", "1").validate()
+    assert cfg.replans
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg.save(run / "config.json")
+    assert _resumed_config(str(run)).replan_drift == cfg.replan_drift
+    old = json.loads((run / "config.json").read_text())
+    del old["replan_drift"]
+    (run / "config.json").write_text(json.dumps(old))
+    resumed = _resumed_config(str(run))
+    assert resumed.replan_drift == 0 and not resumed.replans
+    with pytest.raises(ConfigError, match="--resume RUN: replan-drift 0.5 differs"):
+        _check_resumable(resumed, dataclasses.replace(resumed, replan_drift=0.5), "RUN")
+
+
 def test_a_balanced_batch_larger_than_its_workers_share_names_the_largest_that_fits():
     from types import SimpleNamespace
 

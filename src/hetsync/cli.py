@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -114,7 +115,11 @@ def _resumed_config(run_dir: str) -> Config:
     if not path.is_file():
         raise ConfigError(f"--resume {run_dir}: no config.json there; expected the run "
                           f"directory of an earlier `hetsync launch` or `worker`")
-    return Config.load(path)
+    cfg = Config.load(path)
+    if "replan_drift" not in json.loads(path.read_text()):
+        # a run from before balanced batches were re-planned: its positions count batches
+        cfg = dataclasses.replace(cfg, replan_drift=0.0)
+    return cfg
 
 
 #: What a checkpoint's state depends on: a resumed run must keep them.
