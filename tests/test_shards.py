@@ -150,7 +150,7 @@ def test_a_lost_workers_shard_is_taken_on_after_the_rounds_the_survivors_complet
     zero.mode.round = 3 if completed else 2
     zero._retake_shards()
     assert zero.held.positions()[2] == ((0, 2) if completed else (0, 1))
-    assert zero._lost_draws == ({2: ((0, 1), (0, 2))} if completed else {})
+    assert zero._lost_draws == ({2: [[0, 1, 2]]} if completed else {})
     assert shards.ranges((0, 1), (0, 2), 7) == [[0, 1, 2]]
     assert shards.ranges((0, 6), (1, 1), 7) == [[0, 6, 7], [1, 0, 1]]
     # a position published after a record names no round: its draws were all recorded

@@ -107,12 +107,8 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         where they were published (`TrainingLoop._retake_shards`). Returns, by new shard,
         the draws its lost holder trained in a completed round and did not record (its
         ranges, for the next round's record: `shards.unrecorded`)."""
-        mine = shards.held_by(self.rank, members, range(self.workers))
-        lost = {shard: done for shard in mine if shard not in self.held.shards
-                and (done := shards.unrecorded(store, shard, next_round)) is not None}
-        self.held.take(mine, lambda shard: shards.published(store, shard,
-                                                            next_round=next_round),
-                       keep=True)
+        lost = shards.retake(self.held, shards.held_by(self.rank, members,
+                                                       range(self.workers)),
+                             store, next_round)
         self.held.redraw()
-        return {shard: shards.ranges(start, end, self.held.epoch_batches.get(shard))
-                for shard, (start, end) in lost.items()}
+        return lost

@@ -271,6 +271,19 @@ def ranges(start: tuple[int, int], end: tuple[int, int],
     return first + ([[end[0], 0, end[1]]] if end[1] > 0 else [])
 
 
+def retake(held: HeldShards, mine: list[int], store, next_round: int) -> dict[int, list]:
+    """Step 3 for `held` after a regroup, the members' `next_round` under way: let go of the
+    shards another member holds now, keep those it held already (its own count), and hold
+    the new ones of `mine` from where they were published. Returns, by new shard, the
+    [epoch, first, end) ranges its lost holder trained in a completed round and recorded
+    nowhere (`unrecorded`), for this worker's next record."""
+    lost = {shard: done for shard in mine if shard not in held.shards
+            and (done := unrecorded(store, shard, next_round)) is not None}
+    held.take(mine, lambda shard: published(store, shard, next_round=next_round), keep=True)
+    return {shard: ranges(start, end, held.epoch_batches.get(shard))
+            for shard, (start, end) in lost.items()}
+
+
 def hand_over(store, generation: int, shard: int, position: tuple[int, int]) -> None:
     """Step 4, the member that held `shard`: where its draws are as generation
     `generation` begins — published too, as its round's record, written next, will have

@@ -173,8 +173,8 @@ class TrainingLoop:
         # (an asynchronous mode's shards: `_follow_drawers`)
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         #: the shards taken on in a regroup whose lost holder trained a round's draws it
-        #: did not record: (from, to) each (`_retake_shards`)
-        self._lost_draws: dict[int, tuple] = {}
+        #: did not record: their ranges, for the next record (`shards.retake`)
+        self._lost_draws: dict[int, list] = {}
         self._take_lead()
 
     @property
@@ -539,14 +539,8 @@ class TrainingLoop:
         over the holder's (`results/chaos.md`, 2026-11-30: 8 batches drawn twice). A new
         shard's round its lost holder trained but did not record goes into this worker's
         next record (`_after_regroup`)."""
-        store, mine = shared(self.store), self._mine()
-        for shard in mine:  # trained in a completed round, recorded nowhere (`shards.py`, 3)
-            done = (shards.unrecorded(store, shard, self.mode.round)
-                    if shard not in self.held.shards else None)
-            if done is not None:
-                self._lost_draws[shard] = done
-        self.held.take(mine, lambda shard: shards.published(
-            store, shard, next_round=self.mode.round), keep=True)
+        self._lost_draws.update(shards.retake(self.held, self._mine(), shared(self.store),
+                                              self.mode.round))
 
     def _hand_over_shards(self, joined: bool) -> None:
         """An admission (nothing dropped): hand on, as they stand now, the shards another
@@ -710,9 +704,7 @@ class TrainingLoop:
     def _after_regroup(self, st: LoopState) -> RoundAccount:
         """The next round's account: with the draws of the shards this worker took on that
         their lost holder trained in a completed round but did not record."""
-        rnd = RoundAccount(st.eval_total, start=self._now())
-        for shard, (start, end) in sorted(self._lost_draws.items()):
-            rnd.held[shard] = shards.ranges(start, end, self.held.epoch_batches.get(shard))
+        rnd = RoundAccount(st.eval_total, start=self._now(), held=self._lost_draws)
         self._lost_draws = {}
         return rnd
 
