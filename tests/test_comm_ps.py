@@ -217,11 +217,12 @@ def test_malformed_header_is_refused_naming_sender_and_field():
 
 
 # -- untrusted payloads: refused, the refused worker dropped, the others served ----------------
-# (A payload LONGER than its header announced is not here: gloo aborts the receiving process
-# in C++ on a message larger than the posted buffer; see docs/design.md, "Trust". A header is
-# received into room for wire.HEADER_ROOM fields, so a longer one is refused.)
+# (A header is received into room for wire.HEADER_ROOM fields and a payload into room for
+# wire.PAYLOAD_ROOM times its announced length, so a longer one is refused; beyond the room
+# gloo aborts the receiving process in C++: docs/design.md, "Trust".)
 UNTRUSTED = ("short", "nan", "inf", "huge_numel", "wrong_numel", "sparse_index", "altered",
-             "pull_payload", "long_header", "short_header", "rule_fails")
+             "pull_payload", "long_header", "short_header", "rule_fails", "long_payload",
+             "float64_as_float32", "long_sparse")
 #: the field each case is refused on
 REFUSED_ON = {"huge_numel": "numel", "wrong_numel": "numel", "pull_payload": "kind",
               "long_header": "magic_version", "short_header": "magic_version",
@@ -264,6 +265,10 @@ def _untrusted_ranks(rank: int, world_size: int):
         elif case == "wrong_numel":
             numel = nnz = payload.numel() - 1
             payload = payload[:-1]
+        elif case == "long_payload":  # a header of 16 values, 24 sent
+            payload = torch.ones(24)
+        elif case == "float64_as_float32":  # the header says float32 (dtype 1)
+            payload = torch.ones(16, dtype=torch.float64)
         raw = Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=kind, dtype=1, numel=numel,
                      nnz=nnz, checksum=wire.checksum(payload) if case == "altered" else 0
                      ).encode()
@@ -280,6 +285,11 @@ def _untrusted_ranks(rank: int, world_size: int):
                              numel=16, nnz=1).encode(), 2, tag=TAG_REQUEST)
             dist.send(torch.tensor([3], dtype=torch.int32), 2, tag=TAG_REQUEST_PAYLOAD)
             dist.send(torch.ones(1), 2, tag=TAG_REQUEST_PAYLOAD)
+        elif case == "long_sparse":  # 2 announced, 3 indices and 3 values sent
+            dist.send(Header(op=Op.PUSH_PULL, sender=1, seq=0, kind=Kind.SPARSE, dtype=1,
+                             numel=16, nnz=2).encode(), 2, tag=TAG_REQUEST)
+            dist.send(torch.tensor([3, 4, 5], dtype=torch.int32), 2, tag=TAG_REQUEST_PAYLOAD)
+            dist.send(torch.ones(3), 2, tag=TAG_REQUEST_PAYLOAD)
         elif case == "pull_payload":  # a PULL carries nothing: its payload is never taken
             dist.send(Header(op=Op.PULL, sender=1, seq=0, kind=Kind.DENSE, dtype=1, numel=16,
                              nnz=16).encode(), 2, tag=TAG_REQUEST)

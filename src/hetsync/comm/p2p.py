@@ -79,13 +79,15 @@ def _remaining(deadline: float) -> datetime.timedelta:
 
 
 def transfer(ops: Sequence[tuple], *, view: GroupView, op: str, timeout: float,
-             tag: int = TAG_COLLECTIVE) -> tuple[int, int]:
+             tag: int = TAG_COLLECTIVE, room: int = 1) -> tuple[int, int]:
     """Post every ``(SEND|RECV, tensor, group_rank[, tag])`` in ``ops`` and wait for all.
 
     Receives are posted (and waited for) before sends, each kind in the order given;
     messages between two ranks on one tag match in order. Empty tensors are skipped (both
     ends skip them, as both know the sizes). Every wait shares one deadline ``timeout``
-    seconds from now. ``tag`` is the default for entries without their own.
+    seconds from now. ``tag`` is the default for entries without their own. ``room``: each
+    receive's tensor has room for that many times the message it expects (a parameter
+    server's, `wire.PAYLOAD_ROOM`); the message's bytes are counted, not the room's.
 
     Returns (bytes sent, bytes received), as added to the meter.
 
@@ -114,12 +116,12 @@ def transfer(ops: Sequence[tuple], *, view: GroupView, op: str, timeout: float,
                 err = comm_error(exc, op=op, kind="exchange", peer=None, seconds=timeout)
                 err.args = (f"{err} (batch with ranks {peers})",)
                 raise err from exc
-        return _count(ordered, op)
+        return _count(ordered, op, room)
     posted = [post(kind, t, peer, view=view, op=op, timeout=timeout, tag=tg)
               for kind, t, peer, tg in ordered]
     for p in posted:
         p.wait(deadline, meter_bytes=False)
-    return _count(ordered, op)
+    return _count(ordered, op, room)
 
 
 class Pending:
@@ -170,9 +172,9 @@ def post(kind: str, tensor: torch.Tensor, peer: int, *, view: GroupView, op: str
     return Pending(kind, tensor, peer, work, view, op, timeout)
 
 
-def _count(ops: Sequence[tuple], op: str) -> tuple[int, int]:
+def _count(ops: Sequence[tuple], op: str, room: int = 1) -> tuple[int, int]:
     sent = sum(_nbytes(o[1]) for o in ops if o[0] == SEND)
-    recv = sum(_nbytes(o[1]) for o in ops if o[0] == RECV)
+    recv = sum(_nbytes(o[1]) for o in ops if o[0] == RECV) // room
     meter.add(op, sent, recv)
     return sent, recv
 

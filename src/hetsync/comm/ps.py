@@ -52,9 +52,9 @@ from .p2p import RECV, SEND
 from .timeouts import resolve_timeout
 from .topology import GroupView
 from .wire import (DTYPE_CODES, HEADER_BYTES, HEADER_FILL, HEADER_LEN, HEADER_ROOM,
-                   MAGIC_VERSION, MAX_RATE, REQUESTS, Field, Header, Kind, Op, Payload,
-                   SparseMessage, Status, checksum, decode, describe, payload_tensors,
-                   receive_buffers, received_fields, verify)
+                   MAGIC_VERSION, MAX_RATE, PAYLOAD_ROOM, REQUESTS, Field, Header, Kind, Op,
+                   Payload, SparseMessage, Status, checksum, decode, describe, overran,
+                   payload_tensors, receive_buffers, received_fields, verify)
 
 TAG_REQUEST = 0x4854
 TAG_REQUEST_PAYLOAD = 0x4855
@@ -159,9 +159,10 @@ class ParameterServer:
        one out of sequence, with fewer or more fields than the wire's, or announcing a
        payload that is not the model's length (before anything is allocated for it).
     2. Receive the payload whose kind, dtype and sizes the header gave (into a buffer of
-       NaN); refuse one with non-finite values (which a payload shorter than its header
-       leaves), sparse indices out of range, or bytes that do not match the CRC-32 its
-       header carries (wire field 12).
+       NaN with room for :data:`~hetsync.comm.wire.PAYLOAD_ROOM` times them); refuse one
+       longer than announced, with non-finite values (which a payload shorter than its
+       header leaves), sparse indices out of range, or bytes that do not match the CRC-32
+       its header carries (wire field 12).
        A refused worker -- and one whose request the rule fails on -- is told why (an ERROR
        reply), recorded in ``stats.refused`` and served no more, as if it had said BYE; the
        payload a refused header announced is received and dropped where its sizes are within
@@ -241,12 +242,14 @@ class ParameterServer:
     DRAIN_NUMEL = 1 << 24
 
     # -- transport -----------------------------------------------------------------------
-    def _transfer(self, worker: int, ops, op: str, timeout: float | None = None) -> None:
-        """`ops` (each naming `worker`) on `worker`'s link: the default group, or its own."""
+    def _transfer(self, worker: int, ops, op: str, timeout: float | None = None,
+                  room: int = 1) -> None:
+        """`ops` (each naming `worker`) on `worker`'s link: the default group, or its own
+        (`room`: as `p2p.transfer`'s)."""
         view, peer = self._links.get(worker, (self._view, worker))
         sent, recv = p2p.transfer([(kind, t, peer, *tag) for kind, t, _, *tag in ops],
                                   view=view, op=op,
-                                  timeout=timeout or resolve_timeout(self.timeout))
+                                  timeout=timeout or resolve_timeout(self.timeout), room=room)
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
 
@@ -489,10 +492,10 @@ class ParameterServer:
                 (kind == Kind.DENSE and nnz != numel):
             return
         bufs, _ = receive_buffers(Header(op=Op.PUSH_PULL, sender=src, seq=0, kind=kind,
-                                         dtype=dtype, numel=numel, nnz=nnz))
+                                         dtype=dtype, numel=numel, nnz=nnz), PAYLOAD_ROOM)
         try:
             self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], "ps/serve",
-                           timeout=min(resolve_timeout(self.timeout), 5.0))
+                           timeout=min(resolve_timeout(self.timeout), 5.0), room=PAYLOAD_ROOM)
         except CommError:
             pass
 
@@ -519,9 +522,14 @@ class ParameterServer:
         op = OP_NAMES[Op(header.op)]
         meter.add(op, 0, HEADER_BYTES)
         self.stats.bytes_recv += HEADER_BYTES
-        bufs, payload = receive_buffers(header)
-        # (More bytes than announced cannot be refused here: gloo aborts the process.)
-        self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op)
+        # (room for a longer payload than announced, so that one is refused, not gloo's abort)
+        bufs, payload = receive_buffers(header, room=PAYLOAD_ROOM)
+        self._transfer(src, [(RECV, b, src, TAG_REQUEST_PAYLOAD) for b in bufs], op,
+                       room=PAYLOAD_ROOM)
+        if overran(bufs, header):
+            raise ProtocolError(f"refused payload from rank {src}: longer than the "
+                                f"{header.nnz} elements of {DTYPE_CODES[header.dtype]} its "
+                                f"header announced", peer=src, field="payload")
         values = payload.values if isinstance(payload, SparseMessage) else payload
         if values is not None and not bool(torch.isfinite(values).all()):
             # receive_buffers fills with NaN: a payload shorter than announced shows here too

@@ -64,6 +64,10 @@ HEADER_ROOM = 64
 #: what a header receive is filled with before it arrives: no header's last field is it (a
 #: time's bits are those of a float >= 0), so the fields a short or long header filled show
 HEADER_FILL = -1
+#: how many times its announced length a server's payload receive has room for: a payload
+#: longer than announced but within it (a float64 payload sent where the header said
+#: float32, say) is refused with an ERROR; beyond it, gloo's abort as for a header
+PAYLOAD_ROOM = 2
 #: Upper bound on numel accepted from the wire (guards against absurd allocations).
 MAX_NUMEL = 1 << 40
 INDEX_DTYPE = torch.int32
@@ -256,21 +260,36 @@ def verify(header: Header, payload: Payload, source: int) -> None:
                             field="payload", value=header.checksum)
 
 
-def receive_buffers(header: Header) -> tuple[list[torch.Tensor], Payload]:
+def receive_buffers(header: Header, room: int = 1) -> tuple[list[torch.Tensor], Payload]:
     """Buffers to receive ``header``'s payload into, and the payload they will form.
 
     Values start as NaN and indices as -1, so a payload shorter than its header announced
     (gloo accepts one) shows as non-finite values or a negative index, never as leftover
-    memory."""
+    memory. With ``room`` > 1 each buffer has room for ``room`` times its announced length
+    and the payload is its head: a longer message fills the tail (:func:`overran`) instead
+    of aborting the receiver (gloo's abort on a message longer than the buffer posted)."""
     if header.kind == Kind.EMPTY:
         return [], None
     dtype = DTYPE_CODES[header.dtype]
     if header.kind == Kind.DENSE:
-        t = torch.full((header.numel,), float("nan"), dtype=dtype)
-        return [t], t
-    idx = torch.full((header.nnz,), -1, dtype=INDEX_DTYPE)
-    val = torch.full((header.nnz,), float("nan"), dtype=dtype)
-    return [idx, val], SparseMessage(idx, val, header.numel)
+        t = torch.full((header.numel * room,), float("nan"), dtype=dtype)
+        return [t], t[:header.numel]
+    idx = torch.full((header.nnz * room,), -1, dtype=INDEX_DTYPE)
+    val = torch.full((header.nnz * room,), float("nan"), dtype=dtype)
+    return [idx, val], SparseMessage(idx[:header.nnz], val[:header.nnz], header.numel)
+
+
+def overran(bufs: list[torch.Tensor], header: Header) -> bool:
+    """Whether a message longer than ``header`` announced filled the room of
+    :func:`receive_buffers`' ``bufs``: a tail no longer all NaN (values) or -1 (indices).
+    (A tail sent as exactly that fill cannot be told from none; it is not used either.)"""
+    n = header.numel if header.kind == Kind.DENSE else header.nnz
+    for buf in bufs:
+        tail = buf[n:]
+        untouched = tail == -1 if buf.dtype == INDEX_DTYPE else torch.isnan(tail)
+        if not bool(untouched.all()):
+            return True
+    return False
 
 
 def _refuse(source: int, field: Field, value: int, why: str) -> ProtocolError:
