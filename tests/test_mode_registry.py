@@ -293,3 +293,30 @@ def test_a_modes_own_defaults_are_declared_once_and_its_help_shows_them():
     assert spec.rate_note() == f"inner rate, outer {spec.defaults['global_lr']:g}"
     assert spec.rate_note(0.5) == "inner rate, outer 0.5"
     assert f"lr {spec.defaults['global_lr']:g}," in spec.summary
+
+
+def test_going_on_and_admitting_are_capabilities_a_mode_opts_into():
+    """A mode goes on without a lost worker, or takes one in, only where it opted in
+    (`GoesOn`, `Admits`, as a module opts into torch's `Join`) and its options let it; one
+    that opts in must say how (`rejoin`, `admit`), or it cannot be made."""
+    from hetsync.algorithms.base import Admits, GoesOn, admits, goes_on
+
+    def options(name, **changes):
+        return registry.get(name).make_options(changes)
+
+    assert [name for name in ("sync", "selsync", "esync-outer", "eager-solo", "async",
+                              "diloco", "ddp", TOY)
+            if goes_on(registry.get(name).worker, options(name))] == \
+        ["sync", "selsync", "esync-outer", "eager-solo"]
+    assert goes_on(registry.get("diloco").worker, options("diloco", overlap=True))
+    assert not admits(registry.get("eager-solo").worker, options("eager-solo"))
+    assert admits(registry.get("sync").worker, options("sync"))
+
+    class Forgetful(Admits, PeriodicAveraging):  # opts in, says nothing of `admit`
+        def rejoin(self) -> None:
+            pass
+
+    assert issubclass(Forgetful, GoesOn) and goes_on(Forgetful, EveryKOptions())
+    with pytest.raises(TypeError, match="admit"):
+        Forgetful(linear_net(), torch.optim.SGD(linear_net().parameters(), lr=0.1), None,
+                  EveryKOptions())

@@ -350,8 +350,10 @@ class Config:
         """Whether the workers regroup and go on when one is lost (`runtime/membership.py`):
         the mode can, its sums do not go through a parameter server (which waits for every
         worker), and no evaluation pauses them all in a collective."""
+        from hetsync.algorithms.base import goes_on
+
         return (not self.needs_ps and self.deferred
-                and self.spec.worker.goes_on_without_a_worker(self.mode_options()))
+                and goes_on(self.spec.worker, self.mode_options()))
 
     @property
     def admits_workers(self) -> bool:
@@ -359,9 +361,11 @@ class Config:
         run regroups and the mode can give it its state (`runtime/membership.py`), or the
         mode is asynchronous and its parameter server takes it back
         (`runtime/server_link.py`)."""
+        from hetsync.algorithms.base import admits
+
         if self.needs_ps and self.spec.asynchronous:
             return self.workers > 1
-        return self.regroups and self.spec.worker.admits_a_worker(self.mode_options())
+        return self.regroups and admits(self.spec.worker, self.mode_options())
 
     @property
     def first_workers(self) -> list[int]:

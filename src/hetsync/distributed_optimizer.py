@@ -52,7 +52,7 @@ import torch.distributed as dist
 
 from hetsync._version import __version__
 from hetsync.algorithms import registry
-from hetsync.algorithms.base import Action, ControlPath, Step
+from hetsync.algorithms.base import Action, ControlPath, Step, goes_on
 from hetsync.config import COLLECTIVES
 from hetsync.clock.profile import sample_weights
 from hetsync.runtime.assembly import Wiring, assemble
@@ -178,7 +178,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # (the asynchronous modes' server goes on without a lost worker: so do the others)
         self._store_join = (StoreJoin(store, prefix, rank, workers, record["timeout"],
                                       can_lose=self.assembly.spec.parameter_server or
-                                      self.mode.goes_on_without_a_worker(self.mode.options))
+                                      goes_on(self.mode, self.mode.options))
                             if workers > 1 and not common_round else None)
         #: a mode whose sums do not count their contributors (a plugin's): the joined are
         #: counted by a one-float all-reduce after every round instead
@@ -200,7 +200,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._batches = None
         if (workers > 1 and group is None and self.mode.comm.channel is not None
                 and not self.assembly.spec.needs_parameter_server(record["collective"])
-                and self.mode.goes_on_without_a_worker(self.mode.options)):
+                and goes_on(self.mode, self.mode.options)):
             from hetsync.runtime.membership import Membership
 
             # the survivors of a lost worker regroup and go on, as under `launch` (ESync's

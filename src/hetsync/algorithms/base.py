@@ -28,6 +28,7 @@ holding tensors and numbers only — never a process group — so that it can be
 
 from __future__ import annotations
 
+import abc
 import enum
 import time
 import zlib
@@ -459,28 +460,6 @@ class Mode:
         self.perform(action)
         return action
 
-    @classmethod
-    def goes_on_without_a_worker(cls, options: Any) -> bool:
-        """Whether the other workers can go on after one is lost (regrouping, then
-        `rejoin`); the parameter-server modes go on by the server's rule instead."""
-        return False
-
-    def rejoin(self) -> None:
-        """After a regroup (`runtime/membership.py`), on the new `comm.group`: drop what was
-        in flight and take rank 0's global state, so that every survivor holds the same."""
-        raise NotImplementedError(f"{self.name} does not go on without a lost worker")
-
-    @classmethod
-    def admits_a_worker(cls, options: Any) -> bool:
-        """Whether a lost worker can join the running job at a round's end (`admit`)."""
-        return False
-
-    def admit(self, joined: bool) -> None:
-        """A worker joins at this round's end (`runtime/membership.py`), on the new
-        `comm.group`, with nothing in flight (`settle` came first): the leader's global state
-        goes to every member; `joined`: this is the worker that joins, and starts from it."""
-        raise NotImplementedError(f"{self.name} does not take in a worker while it runs")
-
     def global_model(self):
         """A context in which the model holds the global weights (it does already, unless
         the mode keeps local progress apart from them). Where `collective_global_model` is
@@ -610,3 +589,50 @@ def with_count(buffer: torch.Tensor, contributes: bool) -> torch.Tensor:
     if contributes:
         return torch.cat([buffer, flag])
     return torch.cat([torch.zeros_like(buffer), flag * 0])
+
+
+# ---------------------------------------------------------------------- opt-in capabilities
+class GoesOn(abc.ABC):
+    """A capability a mode opts into (as a module opts into torch's `Join` by being
+    `Joinable`): its workers go on after one is lost. `runtime/membership.py` regroups the
+    survivors; then, on the new `comm.group`, every survivor calls `rejoin`. The
+    parameter-server modes need not: they go on by the server's rule."""
+
+    @classmethod
+    def goes_on_without_a_worker(cls, options: Any) -> bool:
+        """Whether these options let it (ESync's blocking rounds do not, say)."""
+        return True
+
+    @abc.abstractmethod
+    def rejoin(self) -> None:
+        """After a regroup, on the new `comm.group`: drop what was in flight and take the
+        leader's global state, so that every survivor holds the same."""
+
+
+class Admits(GoesOn):
+    """A further capability: a lost worker, or a spare, joins the running job at a round's
+    end (`runtime/membership.py`), and every member and the joiner call `admit`."""
+
+    @classmethod
+    def admits_a_worker(cls, options: Any) -> bool:
+        """Whether these options let it (by default: wherever it goes on)."""
+        return cls.goes_on_without_a_worker(options)
+
+    @abc.abstractmethod
+    def admit(self, joined: bool) -> None:
+        """A worker joins at this round's end, on the new `comm.group`, with nothing in
+        flight (`settle` came first): the leader's global state goes to every member;
+        `joined`: this is the worker that joins, and starts from it."""
+
+
+def goes_on(mode: "type[Mode] | Mode", options: Any) -> bool:
+    """Whether `mode` (a class or an instance) goes on without a lost worker under
+    `options`: it opted in (`GoesOn`) and its options let it."""
+    cls = mode if isinstance(mode, type) else type(mode)
+    return issubclass(cls, GoesOn) and cls.goes_on_without_a_worker(options)
+
+
+def admits(mode: "type[Mode] | Mode", options: Any) -> bool:
+    """Whether `mode` takes a worker in while it runs under `options` (`Admits`)."""
+    cls = mode if isinstance(mode, type) else type(mode)
+    return issubclass(cls, Admits) and cls.admits_a_worker(options)

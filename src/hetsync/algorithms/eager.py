@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, flatten, gradients,
+from hetsync.algorithms.base import (Action, ControlPath, GoesOn, Mode, Step, flatten, gradients,
                                      set_gradients)
 from hetsync.algorithms.leader_state import take_leaders_state
 from hetsync.algorithms.registry import ModeSpec, register
@@ -65,7 +65,7 @@ class EagerOptions:
         return self
 
 
-class EagerSGD(Mode):
+class EagerSGD(GoesOn, Mode):  # (its main thread waits on its engine, which hears the alarm)
     """The worker side of eager-SGD; `initiator` says who starts a round."""
 
     name = "eager"
@@ -133,10 +133,6 @@ class EagerSGD(Mode):
                 self.optimizer.step()
         self.applied += len(results)
         return len(results)
-
-    @classmethod
-    def goes_on_without_a_worker(cls, options: EagerOptions) -> bool:
-        return True  # the main thread waits on its engine, which hears the alarm
 
     def rejoin(self) -> None:
         """After a regroup: a new engine on the new channel, from the leader's parameters,

@@ -53,7 +53,7 @@ from typing import Any, Iterator
 
 import torch
 
-from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics, flatten,
+from hetsync.algorithms.base import (Action, Admits, ControlPath, Mode, Step, bn_statistics, flatten,
                                      pack, unflatten_into, with_count)
 from hetsync.algorithms.outer import (combine, contribution, describe_outer, momentum_buffer,
                                       outer_optimizer, outer_step, set_momentum_buffer)
@@ -96,7 +96,7 @@ class OverlapOptions:
                                  "flight; this run's rounds are blocking)")
 
 
-class LocalRounds(Mode):
+class LocalRounds(Admits, Mode):
     """The parts composed (see the module docstring). A mode built on it passes its round
     length, its global update's settings (global_lr, outer_momentum, weighting,
     drift_correction), whether the sums overlap the next round (its options' `overlap`),
@@ -277,10 +277,6 @@ class LocalRounds(Mode):
         # every worker lost within one admission before its first complete checkpoint
         # (results/chaos.md): they stop and resume instead.
         return bool(getattr(options, "overlap", False))
-
-    @classmethod
-    def admits_a_worker(cls, options: Any) -> bool:
-        return cls.goes_on_without_a_worker(options)
 
     def admit(self, joined: bool) -> None:
         """A worker joins (`Mode.admit`): every member holds the same global state once its

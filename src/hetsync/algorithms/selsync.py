@@ -39,7 +39,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from hetsync.algorithms.base import (Action, Mode, Step, bn_statistics, flatten, gradients,
+from hetsync.algorithms.base import (Action, Admits, Mode, Step, bn_statistics, flatten, gradients,
                                      set_gradients, unflatten_into)
 from hetsync.algorithms.registry import ModeSpec, register
 
@@ -88,7 +88,7 @@ class SelSyncOptions:
         return self
 
 
-class SelSync(Mode):
+class SelSync(Admits, Mode):
     name = "selsync"
     Options = SelSyncOptions
     collective_global_model = True
@@ -200,14 +200,6 @@ class SelSync(Mode):
             unflatten_into(self.comm.all_reduce(flatten(parts)) / self.comm.workers, parts)
         self._ended = True
         super().finish()
-
-    @classmethod
-    def goes_on_without_a_worker(cls, options) -> bool:
-        return True  # its lockstep's sums fail with a lost peer, as `sync`'s do
-
-    @classmethod
-    def admits_a_worker(cls, options) -> bool:
-        return True
 
     def rejoin(self) -> None:
         """After a regroup: the survivors' mean model (a synchronisation, as if one had

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import torch
 
-from hetsync.algorithms.base import (Action, ControlPath, Mode, Step, bn_statistics,
+from hetsync.algorithms.base import (Action, Admits, ControlPath, Mode, Step, bn_statistics,
                                      gradients, pack, set_gradients, unflatten_into, with_count)
 from hetsync.algorithms.leader_state import take_leaders_state
 from hetsync.algorithms.registry import ModeSpec, register
 
 
-class SynchronousSGD(Mode):
+class SynchronousSGD(Admits, Mode):
     name = "sync"
     counts_contributors = True
     rounds_all_or_none = True
@@ -79,14 +79,6 @@ class SynchronousSGD(Mode):
         lost worker does: the step is sized to the samples present."""
         run = float(self.comm.run_workers or self.comm.workers)
         return torch.clamp(run - out, min=float(arrived))
-
-    @classmethod
-    def goes_on_without_a_worker(cls, options) -> bool:
-        return True  # a sum with a lost peer fails (at once, or at --timeout if it is silent)
-
-    @classmethod
-    def admits_a_worker(cls, options) -> bool:
-        return True
 
     def rejoin(self) -> None:
         """After a regroup: the leader's model, statistics, optimizer state and round."""

@@ -25,7 +25,7 @@ Steps 3-6 fail with a CommError when a peer is lost; where the run can go on wit
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
 ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
 over its files (in the asynchronous modes, once `launch` has marked the leader dead:
-`membership.StoreLead`). Where the mode admits a worker (`Mode.admits_a_worker`), a lost
+`membership.StoreLead`). Where the mode admits a worker (`algorithms.base.Admits`), a lost
 rank's new process (`hetsync worker --join`) enters at a round's end: the leader offers it a
 place, the round's agreement admits it, and it takes the leader's global state, counts and
 clock (`_admit`). In the asynchronous modes it links to the parameter server instead and
@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from hetsync.algorithms.base import ControlPath, Mode, Step
+from hetsync.algorithms.base import ControlPath, Mode, Step, admits
 from hetsync.comm.errors import CommError
 from hetsync.config import Config
 from hetsync.runtime import faults, replan, shards
@@ -126,7 +126,7 @@ class TrainingLoop:
         self.membership = membership
         #: this process is a lost rank's, joining the running job (`run` enters it first)
         self.joining = joining
-        self.admits = membership is not None and mode.admits_a_worker(mode.options)
+        self.admits = membership is not None and admits(mode, mode.options)
         self.train_set, self.test_set = train_set, test_set
         #: the shards this worker draws: its own, and a lost worker's or a spare's it holds
         #: (`runtime/shards.py`; `sampler_of(rank)`: another worker's sampler)
