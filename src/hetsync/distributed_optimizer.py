@@ -57,6 +57,7 @@ from hetsync.config import COLLECTIVES
 from hetsync.clock.profile import sample_weights
 from hetsync.runtime.assembly import Wiring, assemble
 from hetsync.runtime.heterogeneity import StepTimer
+from hetsync.runtime.membership import Membership, Roster
 from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
@@ -201,13 +202,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if (workers > 1 and group is None and self.mode.comm.channel is not None
                 and not self.assembly.spec.needs_parameter_server(record["collective"])
                 and goes_on(self.mode, self.mode.options)):
-            from hetsync.runtime.membership import Membership
-
             # the survivors of a lost worker regroup and go on, as under `launch` (ESync's
             # background rounds, eager-SGD; the whole world's workers: global ranks)
             self._membership = Membership(self._shard_store, rank,
                                           list(range(workers)), timeout=record["timeout"])
             self.mode.comm.hear(self._membership.alarm)
+        #: who leads and who is lost: the membership's, and the workers a stop went on
+        #: without (`StoreJoin`)
+        self._roster = Roster(rank, range(workers), membership=self._membership,
+                              departed=lambda: self._store_join.lost if self._store_join
+                              else ())
         #: the step's account where nothing is recorded (one, not one per step)
         self._unrecorded = RoundAccount()
         self._step_started = self.mode.comm.timer.begin()
@@ -445,14 +449,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @property
     def leads(self) -> bool:
         """Whether this worker writes the run's own files (run.json, eval.jsonl): rank 0,
-        or once it was lost the lowest survivor (`runtime/membership.py`)."""
-        return self.rank == (self._membership.leader if self._membership is not None else 0)
+        or once it was lost the lowest survivor (`membership.Roster`)."""
+        return self._roster.leads
 
     @property
     def lost_workers(self) -> list[int]:
         """The workers the run went on or ended without (named in a warning then)."""
-        lost = set(self._store_join.lost) if self._store_join is not None else set()
-        return sorted(lost | set(self._membership.lost if self._membership else ()))
+        return self._roster.lost()
 
     def _poll(self) -> None:
         """`Mode.poll` while a finished worker waits in the store for the others (eager-SGD

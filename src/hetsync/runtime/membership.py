@@ -211,6 +211,66 @@ def marked_spare(store: dist.Store, ranks) -> list[int]:
         return []
 
 
+class Roster:
+    """Who leads, who is lost and who has not joined yet: one answer for the training loop
+    and `hetsync.wrap` alike, from whatever keeps it —
+
+    - a `Membership` (the workers regroup): what they agreed on;
+    - else a `store` (an asynchronous run: no membership to agree on): `StoreLead`, and
+      `launch`'s marks of the dead and of the spares;
+    - else rank 0 leads and nobody is lost (one worker, or a mode that stops at its first
+      loss);
+
+    and, with any of them, `departed`: workers a stop went on without (`hetsync.wrap`'s
+    parameter-server modes, `control.StoreJoin`)."""
+
+    def __init__(self, rank: int, ranks, *, membership: "Membership | None" = None,
+                 store: dist.Store | None = None, joining: bool = False,
+                 departed=lambda: ()):
+        self.rank, self.ranks, self.membership = rank, ranks, membership
+        self.store = store if membership is None else None
+        self.store_lead = (StoreLead(self.store, rank, ranks, joining)
+                           if self.store is not None else None)
+        self._departed = departed
+
+    @property
+    def leader(self) -> int:
+        """Who proposes, evaluates and writes the run's own files: rank 0, or after it was
+        lost its `successor`."""
+        if self.membership is not None:
+            return self.membership.leader
+        return self.store_lead.leader if self.store_lead is not None else 0
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == self.leader
+
+    def lost(self) -> list[int]:
+        """The workers the run went on without (not the spares that have not joined)."""
+        if self.membership is not None:
+            lost = set(self.membership.lost)
+        elif self.store is not None:
+            lost = set(known_lost(self.store, self.ranks)) - set(self.absent())
+        else:
+            lost = set()
+        return sorted(lost | set(self._departed()))
+
+    def absent(self) -> list[int]:
+        """The spares (`--spare-workers`) that have not joined."""
+        if self.membership is not None:
+            return list(self.membership.absent)
+        return marked_spare(self.store, self.ranks) if self.store is not None else []
+
+    def follow(self) -> int | None:
+        """An asynchronous run: `StoreLead.follow` (the lost leader's rank where this worker
+        has just taken the lead, else None)."""
+        return self.store_lead.follow() if self.store_lead is not None else None
+
+    def reclaim(self) -> bool:
+        """An asynchronous run's joiner: `StoreLead.reclaim`."""
+        return self.store_lead is not None and self.store_lead.reclaim()
+
+
 class Membership:
     """The workers of a run that can go on without some of them, and their regroups."""
 

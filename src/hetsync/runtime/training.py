@@ -55,7 +55,7 @@ from hetsync.runtime import faults, replan, shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
 from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
-from hetsync.runtime.membership import StoreLead, known_lost, marked_spare, shared
+from hetsync.runtime.membership import Roster, known_lost, shared
 from hetsync.runtime.plan import RankPlan
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
@@ -166,10 +166,9 @@ class TrainingLoop:
         self._restored: dict | None = None
         self._next_checkpoint = self._checkpoint_after(0.0)
         self.store = store
-        #: an asynchronous mode's leader (`membership.StoreLead`; a regrouping mode's is its
-        #: membership's)
-        self._store_lead = (StoreLead(store, rank, self.run_ranks, joining)
-                            if self.path is ControlPath.STORE and store is not None else None)
+        #: who leads, who is lost, who has not joined (`membership.Roster`)
+        self.roster = Roster(rank, self.run_ranks, membership=membership, joining=joining,
+                             store=store if self.path is ControlPath.STORE else None)
         # (an asynchronous mode's shards: `_follow_drawers`)
         self._drawer, self._next_drawer_check = shards.drawer_of(rank), 0.0
         #: the shards taken on in a regroup whose lost holder trained a round's draws it
@@ -194,25 +193,10 @@ class TrainingLoop:
         the loop reads — the training time, a step's start and end, the stamps."""
         return self.mode.comm.clock.now()
 
-    @property
-    def leader(self) -> int:
-        """Who proposes, evaluates and writes the global model: rank 0, or after it was lost
-        its successor (`membership.successor`)."""
-        if self.membership is not None:
-            return self.membership.leader
-        return self._store_lead.leader if self._store_lead is not None else 0
-
-    @property
-    def leads(self) -> bool:
-        """Whether this worker is the `leader`."""
-        return self.rank == self.leader
-
     def _follow_lead(self) -> None:
         """An asynchronous mode: take the lead where the leader was lost and this worker is
         its successor (`membership.StoreLead.follow`)."""
-        if self._store_lead is None:
-            return
-        lost = self._store_lead.follow()
+        lost = self.roster.follow()
         if lost is not None:
             self._take_lead()
             tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads from here "
@@ -223,29 +207,10 @@ class TrainingLoop:
         """Every worker of the run, the spares not joined yet too."""
         return range(self.mode.comm.run_workers or self.mode.comm.workers)
 
-    def lost_workers(self) -> list[int]:
-        """The workers the run went on without: the membership's, or in an asynchronous mode
-        those `launch` marked dead in the store (not the spares rank 0 marked)."""
-        if self.membership is not None:
-            return list(self.membership.lost)
-        if self.path is ControlPath.STORE and self.store is not None:
-            return sorted(set(known_lost(self.store, self.run_ranks))
-                          - set(self.absent_workers()))
-        return []
-
-    def absent_workers(self) -> list[int]:
-        """The spares (`--spare-workers`) that have not joined: the membership's, or in an
-        asynchronous mode those still marked so in the store."""
-        if self.membership is not None:
-            return list(self.membership.absent)
-        if self.path is ControlPath.STORE and self.store is not None:
-            return marked_spare(self.store, self.run_ranks)
-        return []
-
     def _take_lead(self) -> None:
         """The leader's files: `eval.jsonl`, and the snapshots (numbered after the agreed
         evaluations, so a new leader's come after its predecessor's)."""
-        if not self.leads or self.run_dir is None or self.eval_recorder is not None:
+        if not self.roster.leads or self.run_dir is None or self.eval_recorder is not None:
             return
         self.eval_recorder = JsonlWriter(RunDir(self.run_dir).eval)
         if self.deferred:
@@ -269,7 +234,7 @@ class TrainingLoop:
     # ------------------------------------------------------------------ the leader's proposals
     def _propose(self, st: LoopState, samples: int, now: float) -> Proposal:
         cfg, train_time = self.cfg, st.train_time(now)
-        if not self.leads:  # (on a virtual clock, an asynchronous worker stops by its own)
+        if not self.roster.leads:  # (on a virtual clock, an asynchronous worker stops by its own)
             own = (self.path is ControlPath.STORE and self.mode.comm.clock.source.virtual
                    and cfg.time_budget is not None and train_time >= cfg.time_budget)
             return Proposal(samples, False, own)
@@ -303,11 +268,11 @@ class TrainingLoop:
         recorded as wait)."""
         start = self._now()
         train_time = st.train_time(start)
-        if self.pauses_everyone and self.mode.collective_global_model and not self.leads:
+        if self.pauses_everyone and self.mode.collective_global_model and not self.roster.leads:
             with self.mode.global_model():  # its collective needs every worker
                 pass
         st.last_eval_train_time = train_time  # (every worker: any may come to lead)
-        if self.leads:
+        if self.roster.leads:
             stamp = {"t": start - st.t0, "train_time": train_time,
                      "round": self.mode.round - 1, "samples_seen": st.samples_seen}
             with self.mode.global_model():
@@ -378,7 +343,7 @@ class TrainingLoop:
         every = self.cfg.checkpoint_every
         if agreement.stop:
             return True
-        if self.path is ControlPath.STORE and not self.leads:
+        if self.path is ControlPath.STORE and not self.roster.leads:
             return every > 0 and st.train_time(self._now()) >= self._next_checkpoint
         return agreement.evaluate and every > 0 and self._evaluations % every == 0
 
@@ -565,15 +530,15 @@ class TrainingLoop:
             self.snapshots.flush()
         self.mode.settle()  # e.g. ESync's sum in flight (timed as its wait): it is included
         start = self._now()
-        if self.leads and not self.mode.collective_global_model:
+        if self.roster.leads and not self.mode.collective_global_model:
             with self.mode.global_model():  # as settled: the same global as the mode's state
                 self._global_state = _cpu_state(self.mode.model)
         now = self._now()
         # a resume restarts these from the leader's file (checkpoint.py): the ranks lost, the
         # spares not joined yet, and those below an asynchronous mode's leader (lost, or
         # joined again since: the leader is the lowest of the others)
-        restart = set(self.lost_workers()) | set(self.absent_workers()) | set(range(
-            self.leader if self.path is ControlPath.STORE else 0))
+        restart = set(self.roster.lost()) | set(self.roster.absent()) | set(range(
+            self.roster.leader if self.path is ControlPath.STORE else 0))
         state = {"round": self.mode.round, "recorded_round": self._last_recorded,
                  "mode_name": self.cfg.effective_mode, "lost": sorted(restart),
                  "optimizer": self.mode.optimizer.state_dict(), "mode": self.mode.state_dict(),
@@ -586,7 +551,7 @@ class TrainingLoop:
                           "last_eval_train_time": st.last_eval_train_time,
                           "last_acc": st.last_acc, "last_loss": st.last_loss,
                           "evaluations": self._evaluations}}
-        if self.leads:
+        if self.roster.leads:
             if self._global_state is None:  # (every due point of the leader is an evaluation)
                 raise RuntimeError(f"the leader's (rank {self.rank}) checkpoint has no global "
                                    f"model")
@@ -659,7 +624,7 @@ class TrainingLoop:
             if fault is not None:
                 self._faults.remove(fault)
                 faults.inject(fault, self.run_dir, timer)
-        if self.leads and self.membership is not None:
+        if self.roster.leads and self.membership is not None:
             self.membership.close()  # nobody is let in after the stop
         try:
             mode.finish()
@@ -720,7 +685,7 @@ class TrainingLoop:
         self._follow_plan(speeds)
         if plan.batches == before:  # (rounded to whole samples, the same batches)
             return
-        tell(self.run_dir if self.leads else None, "replan",
+        tell(self.run_dir if self.roster.leads else None, "replan",
              f"hetsync worker: rank {self.rank}: the devices' speeds drifted past "
              f"{plan.drift:.0%}: batches {', '.join(map(str, before))} -> "
              f"{', '.join(map(str, plan.batches))} from round {round_ + 1} (speeds "
@@ -745,7 +710,7 @@ class TrainingLoop:
         self._retake_shards()
         self._take_lead()  # (rank 0 was lost: the lowest survivor leads from here)
         lost = list(self.membership.lost)
-        tell(self.run_dir if self.leads else None, "lost",
+        tell(self.run_dir if self.roster.leads else None, "lost",
              f"hetsync worker: rank {self.rank}: going on without rank(s) "
              f"{', '.join(map(str, lost))} from round {self.mode.round} "
              f"(workers {', '.join(map(str, members))})",
@@ -761,7 +726,7 @@ class TrainingLoop:
         joining = self.membership.admit()
         self._hand_over_shards(joined=False)
         self._share_with_joiners(st, joined=False)
-        tell(self.run_dir if self.leads else None, "admitted",
+        tell(self.run_dir if self.roster.leads else None, "admitted",
              f"hetsync worker: rank {self.rank}: rank(s) {', '.join(map(str, joining))} "
              f"joined at round {self.mode.round} (workers "
              f"{', '.join(map(str, self.membership.members))})",
@@ -804,7 +769,7 @@ class TrainingLoop:
         client.use_link(link)
         if self._claims_shards and not self._claim_own_shard():
             return False
-        if self._store_lead.reclaim():
+        if self.roster.reclaim():
             self._take_lead()
             tell(self.run_dir, "lead", f"hetsync worker: rank {self.rank}: leads on (no other "
                                        f"worker took the lead while it was lost)",

@@ -469,7 +469,7 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
             state = loop.run(t0)
             faulthandler.cancel_dump_traceback_later()  # (what follows is bounded work)
             # the leader: rank 0, or the lowest survivor once it was lost
-            if loop.leads:
+            if loop.roster.leads:
                 assembly.record_service(run_dir)  # (launch or torchrun alike)
                 now = mode.comm.clock.now()
                 wall = now - state.t0  # (a resumed run: since its start)
@@ -480,17 +480,17 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
                         loop.evaluate_snapshots(run_dir)
                 # paused_s: evaluation time during which every worker waited (collective modes,
                 # and a single worker, which its own evaluation stops)
-                info["ranks"] = _with_joiners(ranks, store, loop.absent_workers())
+                info["ranks"] = _with_joiners(ranks, store, loop.roster.absent())
                 RunDir(run_dir).write_run(_run_info(
                     **info, mode_info=mode.record(), wall_s=wall,
                     end_time=time.time(),
                     clock=_clock_info(cfg, mode, time.perf_counter() - real_t0),
                     train_time=train_time,
                     paused_s=state.eval_total if loop.pauses_everyone else 0.0,
-                    **({"lost_workers": loop.lost_workers()} if loop.lost_workers() else {}),
+                    **({"lost_workers": loop.roster.lost()} if loop.roster.lost() else {}),
                     **({"joined_workers": membership.joined} if membership and membership.joined
                        else {}),
-                    **({"absent_workers": loop.absent_workers()} if loop.absent_workers()
+                    **({"absent_workers": loop.roster.absent()} if loop.roster.absent()
                        else {})))
             if poster is not None:
                 if loop.snapshots is not None and cfg.evaluator:  # its last evaluations go too
