@@ -723,15 +723,20 @@ def test_a_profile_for_another_cluster_or_a_mode_counting_workers_is_refused(tmp
 
 def _epochs_of_batches(rank, world, mode, run_dir, victim=None, epochs=2):
     """Two epochs of a loader drawn by hetsync's batch sampler (2,048 samples, batches of
-    16); rank `victim` dies at its 10th batch of epoch 0. The batches each pass yielded."""
+    16); rank `victim` dies at its 10th batch of epoch 0. The batches each pass yielded. In
+    a world of 4, rank 3 serves the parameters (`mode` one of the parameter-server's)."""
     import os
 
     from torch.utils.data import DataLoader, TensorDataset
 
-    torch.manual_seed(rank)
+    torch.manual_seed(0 if world == 4 else rank)  # (a parameter server: the same model)
     model = _model()
-    opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode,
-                       run_dir=run_dir, timeout=30, slowdown=1.0 + rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if world == 4 and hetsync.serve_parameters(optimizer, model, mode=mode, run_dir=run_dir,
+                                               timeout=30):
+        return None
+    opt = hetsync.wrap(optimizer, model, mode=mode, run_dir=run_dir, timeout=30,
+                       slowdown=1.0 + rank)
     x_all, y_all, _ = _task(rank, 1)
     loader = DataLoader(TensorDataset(x_all, y_all),
                         batch_sampler=opt.batch_sampler(len(x_all), 16, seed=3))
@@ -763,15 +768,18 @@ def test_hetsyncs_batch_sampler_gives_each_worker_its_own_shard_once_an_epoch(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo"])
+@pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo", "async"])
 def test_a_lost_workers_shard_is_drawn_by_a_survivor_under_wrap(mode, tmp_path):
-    """kill -9 of rank 1 at its 10th batch of epoch 0, in a mode whose survivors go on:
-    the survivor that holds its shard now (`shards.holder`: rank 2) draws the rest of it
-    within its own passes, and the ledger has every batch of every shard, both epochs,
-    drawn once — none skipped, none twice, none left."""
-    first, died, last = run_ranks(_epochs_of_batches, 3, mode, tmp_path, 1, timeout=150,
-                                  allow_failures=True)
+    """kill -9 of rank 1 at its 10th batch of epoch 0, in a mode whose survivors go on
+    (`async`: by the parameter server's rule, rank 3 serving): the survivor that holds its
+    shard now (`shards.holder`: rank 2) draws the rest of it within its own passes, and the
+    ledger has every batch of every shard, both epochs, drawn once — none skipped, none
+    twice, none left."""
+    server = mode == "async"
+    first, died, last, *served = run_ranks(_epochs_of_batches, 4 if server else 3, mode,
+                                           tmp_path, 1, timeout=150, allow_failures=True)
     assert isinstance(died, RuntimeError) and "exit code 9" in str(died)
+    assert served == ([None] if server else [])
     assert isinstance(first, tuple) and isinstance(last, tuple), (first, last)
     assert first[2] == last[2] == [1]
     # rank 2 drew its own shard and rank 1's from where rank 1's records end (the passes

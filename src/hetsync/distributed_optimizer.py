@@ -329,7 +329,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if self._recorder is None:
                 self._unrecorded = RoundAccount()
             # (published where the survivors of a lost worker take its shard on)
-            self._batches.round_over(self._shard_store if self._membership else None)
+            self._batches.round_over(self._shard_store if self._takes_shards_on else None)
+            if self._takes_shards_on and self._membership is None:
+                self._batches.follow(self._shard_store, self._store_join.marked_lost)
         if self._store_join is not None:
             self._store_join.beat()
         self._step_started = timer.begin()
@@ -391,9 +393,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              f"an int")
         self._batches = ShardBatchSampler(self.rank, self.workers, num_samples, sizes,
                                           self._round_account, shuffle=shuffle, seed=seed)
+        if self._takes_shards_on and self._membership is None:
+            self._batches.claims(self._shard_store)
         if self._recorder is not None:
             self._recorder.ledger_fields = self._batches.held.record_fields
         return self._batches
+
+    @property
+    def _takes_shards_on(self) -> bool:
+        """Whether a lost worker's shard is drawn on by a survivor: the survivors regroup
+        (`_membership`), or the parameter server marks the lost in an asynchronous mode
+        (`runtime/shard_batches.py`, step 5)."""
+        return self._membership is not None or (
+            self._store_join is not None and self._store_join.can_lose
+            and self.mode.comm.ps_client is not None)
 
     def _round_account(self) -> RoundAccount:
         """The round under way's account (the sampler's draws go into it)."""

@@ -154,6 +154,10 @@ class StoreJoin:
         except Exception:  # noqa: BLE001 - the store is gone: nobody is waiting
             pass
 
+    def marked_lost(self, worker: int) -> bool:
+        """Whether `worker` was marked lost (`mark_lost`)."""
+        return self.store.check([self._key("lost", worker)])
+
     def _lose(self, worker: int, why: str) -> None:
         self.lost[worker] = why
         warnings.warn(f"hetsync: worker {worker} {why}; the run ends without it",
@@ -190,7 +194,7 @@ class StoreJoin:
             for r in others:
                 if r in self.lost or self.store.check([self._key("joined", r)]):
                     continue
-                if self.can_lose and self.store.check([self._key("lost", r)]):
+                if self.can_lose and self.marked_lost(r):
                     self._lose(r, self.store.get(self._key("lost", r)).decode())
                     continue
                 beats = int(self.store.add(self._key("alive", r), 0))

@@ -22,11 +22,16 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
    shard again from where its last recorded round ended, and the shards it holds now
    (`shards.holder`) from where their last holder published — within the pass under way, so
    that the lost worker's batches of this epoch are drawn in this epoch.
+5. In the asynchronous parameter-server modes, which have no membership to agree on, each
+   shard's drawer is named in the store; the workers are those the parameter server has not
+   marked lost (its connection closed: `StoreJoin.mark_lost`), and at most twice a second,
+   after a record, a worker lets go of the shards another holds now and claims those it
+   holds (`shards.follow`, as `launch`'s workers do).
 
 Where it departs from `launch`: an epoch's last batch may be short (`launch` drops it);
-`wrap` admits no worker, so no shard is handed back; in the parameter-server modes, which
-have no membership to agree on, a lost worker's shard is not taken on (the ledger shows its
-batches left). A loss found in `finish()`, or after the passes of the survivor that holds
+`wrap` admits no worker, so no shard is handed back; a parameter-server mode's worker that
+falls silent without its connection closing is found lost only at the stop (`StoreJoin`),
+too late for its shard to be taken on. A loss found in `finish()`, or after the passes of the survivor that holds
 its shard now are over, leaves the rest of that shard undrawn (and the round dropped there
 is not drawn again). A batch counts as drawn, and as trained by the next step, when the
 loader asks for it: the sampler is exact with `num_workers=0` (the default), where the
@@ -38,6 +43,7 @@ of step with the user's epochs.
 from __future__ import annotations
 
 import operator
+import time
 from typing import Callable, Iterator
 
 import torch
@@ -67,6 +73,8 @@ class ShardBatchSampler(torch.utils.data.Sampler):
 
         self.rank, self.workers, self._account = rank, workers, account
         self.held = shards.HeldShards(rank, sampler_of(rank), sampler_of)
+        #: this process as a drawer of shards (step 5), and when it looks for the lost next
+        self.drawer, self._next_check = shards.drawer_of(rank), 0.0
         self._own_batch = batch_sizes[rank]
         #: the last batch's size in this worker's own batches (a lost worker's batch is its
         #: own size: `Mode.batch_share`, as `launch` sets it)
@@ -100,6 +108,20 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         self.held.round_over()
         if store is not None:
             shards.publish(store, self.held.positions())
+
+    def claims(self, store) -> None:
+        """Step 5, at the start: name this worker the drawer of its own shard."""
+        store.set(f"{shards.DRAWER}/{self.rank}", self.drawer)
+
+    def follow(self, store, lost: Callable[[int], bool]) -> None:
+        """Step 5, after a record's publish (at most twice a second): let go of and claim
+        shards as the workers not `lost` hold them."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + 0.5
+        ranks = range(self.workers)
+        shards.follow(self.held, store, self.drawer, ranks, {r for r in ranks if lost(r)})
 
     def regrouped(self, store, members: list[int], next_round: int) -> dict[int, list]:
         """Step 4: the round in progress was dropped and `members` go on from round

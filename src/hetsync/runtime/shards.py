@@ -339,6 +339,20 @@ def let_go(store, shard: int, me: str) -> None:
     store.compare_set(f"{DRAWER}/{shard}", me, "")
 
 
+def follow(held: HeldShards, store, me: str, ranks, lost: set[int]) -> None:
+    """Step 6, after a record: drawer `me` (of rank `held.own`) lets go of the shards another
+    member holds now (where its draws reached is published already) and claims those it
+    holds, from where they were published; the members are the `ranks` not `lost`."""
+    mine = held_by(held.own, [r for r in ranks if r not in lost], ranks)
+    for shard in held.others():
+        if shard not in mine:
+            let_go(store, shard, me)
+            held.release(shard)
+    for shard in mine:
+        if shard not in held.shards and claim(store, shard, me, lost.__contains__):
+            held.hold(shard, published(store, shard))
+
+
 def claim_own(store, me: str, shards, wait: float, lost: Callable[[int], bool],
               stopped: Callable[[], bool]) -> bool:
     """Step 6, a worker that joins (drawer `me`): let go of what an earlier process of its

@@ -469,17 +469,8 @@ class TrainingLoop:
         if not self._claims_shards or now < self._next_drawer_check:
             return
         self._next_drawer_check = now + 0.5
-        store, lost = shared(self.store), set(known_lost(self.store, self.run_ranks))
-        mine = shards.held_by(self.rank, [r for r in self.run_ranks if r not in lost],
-                              self.run_ranks)
-        for shard in self.held.others():
-            if shard not in mine:  # (where its draws reached: published with the record)
-                shards.let_go(store, shard, self._drawer)
-                self.held.release(shard)
-        for shard in mine:
-            if shard not in self.held.shards and shards.claim(store, shard, self._drawer,
-                                                              lost.__contains__):
-                self.held.hold(shard, shards.published(store, shard))
+        shards.follow(self.held, shared(self.store), self._drawer, self.run_ranks,
+                      set(known_lost(self.store, self.run_ranks)))
 
     def _claim_own_shard(self) -> bool:
         """An asynchronous mode's joiner: its own shard, from where the member that held it
