@@ -53,8 +53,8 @@ from typing import Any, Iterator
 
 import torch
 
-from hetsync.algorithms.base import (Action, Admits, ControlPath, Mode, Step, bn_statistics, flatten,
-                                     pack, unflatten_into, with_count)
+from hetsync.algorithms.base import (Action, Admits, ControlPath, Mode, Step, bn_statistics,
+                                     flatten, pack, unflatten_into, with_count)
 from hetsync.algorithms.outer import (combine, contribution, describe_outer, momentum_buffer,
                                       outer_optimizer, outer_step, set_momentum_buffer)
 from hetsync.algorithms.round_length import RoundLength, reached
