@@ -246,14 +246,16 @@ class Roster:
         return self.rank == self.leader
 
     def lost(self) -> list[int]:
-        """The workers the run went on without (not the spares that have not joined)."""
+        """The workers the run went on without (not the spares that have not joined), in
+        the membership's order of loss where it has one."""
         if self.membership is not None:
-            lost = set(self.membership.lost)
+            lost = list(self.membership.lost)
         elif self.store is not None:
-            lost = set(known_lost(self.store, self.ranks)) - set(self.absent())
+            absent = self.absent()
+            lost = [r for r in known_lost(self.store, self.ranks) if r not in absent]
         else:
-            lost = set()
-        return sorted(lost | set(self._departed()))
+            lost = []
+        return lost + [r for r in sorted(self._departed()) if r not in lost]
 
     def absent(self) -> list[int]:
         """The spares (`--spare-workers`) that have not joined."""
