@@ -33,11 +33,11 @@ Where it departs from `launch`: an epoch's last batch may be short (`launch` dro
 falls silent without its connection closing is found lost only at the stop (`StoreJoin`),
 too late for its shard to be taken on. A loss found in `finish()`, or after the passes of
 the survivor that holds its shard now are over, leaves the rest of that shard undrawn (and
-the round dropped there is not drawn again). A batch counts as drawn, and as trained by the next step, when the
-loader asks for it: the sampler is exact with `num_workers=0` (the default), where the
-loader asks for each batch as it trains it; worker processes ask a few batches ahead, and a
-regroup then leaves some batches trained twice or counted but not trained, and a pass out
-of step with the user's epochs.
+the round dropped there is not drawn again). A batch counts as drawn, and as trained by the
+next step, when the loader asks for it: the sampler is exact with `num_workers=0` (the
+default), where the loader asks for each batch as it trains it; worker processes ask a few
+batches ahead, and a regroup then leaves some batches trained twice or counted but not
+trained, and a pass out of step with the user's epochs.
 """
 
 from __future__ import annotations
