@@ -266,29 +266,42 @@ def receive_buffers(header: Header, room: int = 1) -> tuple[list[torch.Tensor], 
     Values start as NaN and indices as -1, so a payload shorter than its header announced
     (gloo accepts one) shows as non-finite values or a negative index, never as leftover
     memory. With ``room`` > 1 each buffer has room for ``room`` times its announced length
-    and the payload is its head: a longer message fills the tail (:func:`overran`) instead
-    of aborting the receiver (gloo's abort on a message longer than the buffer posted)."""
+    and the payload is its head: a longer message writes past the head (:func:`overran`)
+    instead of aborting the receiver (gloo's abort on a message longer than the buffer
+    posted)."""
     if header.kind == Kind.EMPTY:
         return [], None
     dtype = DTYPE_CODES[header.dtype]
     if header.kind == Kind.DENSE:
-        t = torch.full((header.numel * room,), float("nan"), dtype=dtype)
+        t = _filled(header.numel, room, float("nan"), dtype)
         return [t], t[:header.numel]
-    idx = torch.full((header.nnz * room,), -1, dtype=INDEX_DTYPE)
-    val = torch.full((header.nnz * room,), float("nan"), dtype=dtype)
+    idx = _filled(header.nnz, room, -1, INDEX_DTYPE)
+    val = _filled(header.nnz, room, float("nan"), dtype)
     return [idx, val], SparseMessage(idx[:header.nnz], val[:header.nnz], header.numel)
 
 
+def _filled(n: int, room: int, fill, dtype: torch.dtype) -> torch.Tensor:
+    """Room for `room` times `n` elements; the first `n`, and the one after them where there
+    is room, hold `fill` (a message fills the buffer from its start: one longer than `n`
+    writes that one)."""
+    if room == 1:
+        return torch.full((n,), fill, dtype=dtype)
+    buf = torch.empty(n * room, dtype=dtype)
+    buf[:n + 1].fill_(fill)
+    return buf
+
+
 def overran(bufs: list[torch.Tensor], header: Header) -> bool:
-    """Whether a message longer than ``header`` announced filled the room of
-    :func:`receive_buffers`' ``bufs``: a tail no longer all NaN (values) or -1 (indices).
-    (A tail sent as exactly that fill cannot be told from none; it is not used either.)"""
+    """Whether a message longer than ``header`` announced wrote past the head of
+    :func:`receive_buffers`' ``bufs``: the element after it no longer NaN (values) or -1
+    (indices). (A message whose element there is that fill cannot be told from none; the
+    head alone is used.)"""
     n = header.numel if header.kind == Kind.DENSE else header.nnz
     for buf in bufs:
-        tail = buf[n:]
-        untouched = tail == -1 if buf.dtype == INDEX_DTYPE else torch.isnan(tail)
-        if not bool(untouched.all()):
-            return True
+        if buf.numel() > n:
+            after = buf[n]
+            if not bool(after == -1 if buf.dtype == INDEX_DTYPE else torch.isnan(after)):
+                return True
     return False
 
 
