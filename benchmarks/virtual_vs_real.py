@@ -9,7 +9,10 @@ the medians over seeds and the virtual/real ratio.
     .venv/bin/python benchmarks/virtual_vs_real.py --profiles "1,2;1,1;1,2,4,8" \
         --modes sync,diloco --seeds 0,1,2 --budget 40
 
-A virtual figure is believed only as far as this table says it matches. Keep the machine
+A virtual figure is believed only as far as this table says it matches. Its "curve gap" is
+the mean distance between the two accuracy curves at equal time after the first tenth of the
+budget: near a target where a curve is flat, a time to the target swings by seconds on a
+tenth of a point of accuracy. Keep the machine
 quiet meanwhile: the real runs are the reference.
 """
 
@@ -131,6 +134,19 @@ def calibrated(real_dir: Path, sync_dir: Path, link: list[str]) -> list[str]:
     return ["--profile", str(path), "--link-latency", latency, "--link-bandwidth", bandwidth]
 
 
+def curve_gap(real: list[dict], virtual: list[dict], start: float) -> float:
+    """The mean |virtual - real| test accuracy, in points, at equal training time (each
+    curve linear between its evaluations) from `start` to the end of the shorter curve: where
+    a curve is flat near a target, its time to that target swings by seconds on a tenth of a
+    point, so this says how far the curves themselves are apart."""
+    import numpy as np
+
+    (tr, ar), (tv, av) = ([np.array([e[k] for e in c]) for k in ("train_time", "test_acc")]
+                          for c in (real, virtual))
+    grid = np.linspace(start, min(tr[-1], tv[-1]), 200)
+    return float(np.mean(np.abs(np.interp(grid, tv, av) - np.interp(grid, tr, ar)))) * 100
+
+
 def fmt(x: float | None) -> str:
     return "—" if x is None else f"{x:.1f}"
 
@@ -170,6 +186,10 @@ def main() -> int:
                         "(`--server-work` of launch), or `measured`: each profile's median "
                         "over its real runs of what their servers measured (ps.jsonl's "
                         "busy_s per megabyte moved)")
+    p.add_argument("--real-only", action="store_true",
+                   help="run the real side only, and stop: several comparisons' real runs can "
+                        "then share one quiet stretch of the machine (run again without it for "
+                        "the virtual side; complete runs are read back, not run again)")
     p.add_argument("--launch-args", default="", help="more flags for every launch")
     p.add_argument("--log-dir", default="runs/virtual-vs-real")
     p.add_argument("--out", default=None, help="also write the table (markdown) here")
@@ -191,6 +211,8 @@ def main() -> int:
     # every real run first, on a quiet machine; the virtual runs after (their records do
     # not depend on the load, so the machine may then be busy)
     real = {c: run(args, log_dir, f"real-{tag[c]}", *c, []) for c in cases}
+    if args.real_only:
+        return 0
     rows, groups = [], {}
     work = {profile: (median([real[c]["server_work"] for c in cases if c[0] == profile])
                       if args.server_work == "measured" else float(args.server_work))
@@ -214,6 +236,8 @@ def main() -> int:
             groups.setdefault((c[0], c[1], t), []).append((a, b))
         for key in ("final", "throughput"):
             groups.setdefault((c[0], c[1], key), []).append((real[c][key], virtual[key]))
+        gap = curve_gap(real[c]["evals"], virtual["evals"], 0.1 * args.budget)
+        groups.setdefault((c[0], c[1], "curve gap"), []).append((None, gap))
         row += [f"{real[c]['final']:.4f}", f"{virtual['final']:.4f}",
                 f"{real[c]['throughput']:,.0f}", f"{virtual['throughput']:,.0f}",
                 f"{virtual['real_s']:.0f}"]
@@ -230,6 +254,11 @@ def main() -> int:
     lines += ["", "| profile | mode | target | real median | virtual median | virtual ÷ real |",
               "|---|---|---|---|---|---|"]
     for (profile, mode, t), pairs in groups.items():
+        if t == "curve gap":
+            gaps = [y for _, y in pairs]
+            lines.append(f"| {profile} | {mode} | curve gap (pt) | | "
+                         f"{statistics.median(gaps):.2f} (max {max(gaps):.2f}) | |")
+            continue
         a, b = median([x for x, _ in pairs]), median([y for _, y in pairs])
         ratio = f"{b / a:.2f}" if a and b else "—"
         shown = {"final": lambda x: f"{x:.4f}", "throughput": lambda x: f"{x:,.0f}"}.get(

@@ -59,7 +59,7 @@ def test_a_modes_options_take_numpy_numbers_as_pythons_own():
 
 def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_otherwise():
     rounds = lambda *argv: (lambda o: (o.overlap, o.max_local_steps))(  # noqa: E731
-        _launch(*argv).validate().mode_options())
+        _launch("-m", "esync-outer", *argv).validate().mode_options())
     assert rounds() == (True, 0)  # i.i.d.: background sums, no limit
     assert rounds("--partition", "class") == (False, 4)
     assert rounds("-s", "1") == rounds("--partition", "dirichlet") == (False, 4)
@@ -67,14 +67,14 @@ def test_esync_outer_runs_blocking_capped_rounds_on_non_iid_data_unless_told_oth
     assert rounds("--partition", "class", "--overlap", "1") == (True, 4)  # a flag wins
     assert rounds("--partition", "class", "--max-local-steps", "0") == (False, 0)
     assert rounds("-m", "esync", "--partition", "class") == (True, 0)  # as published
-    cfg = _launch("--partition", "class").validate()
+    cfg = _launch("-m", "esync-outer", "--partition", "class").validate()
     assert Config.from_dict(cfg.to_dict()).mode_options() == cfg.mode_options()
 
 
 def test_balanced_batches_give_each_device_a_batch_in_proportion_to_its_speed():
     from hetsync.runtime.emulation import nominal_speed
 
-    cfg = _launch("--balanced-batches", "1", "--speed-scale", "2.5", "--cores", "8",
+    cfg = _launch("-m", "esync-outer", "--balanced-batches", "1", "--speed-scale", "2.5", "--cores", "8",
                   "--step-work", "0.004").validate()
     ranks = range(cfg.workers)
     assert [cfg.batch_of(r) for r in ranks] == [64, 32, 16, 8]  # slowdowns 1, 2, 4, 8
@@ -88,7 +88,7 @@ def test_balanced_batches_give_each_device_a_batch_in_proportion_to_its_speed():
     assert sum(weights) == pytest.approx(cfg.workers)
     assert weights[0] / weights[3] == pytest.approx(8)
     assert cfg.mode_options().weighting == "samples"  # esync-outer counts samples too
-    plain = _launch("--speed-scale", "2.5", "--cores", "8", "--step-work", "0.004").validate()
+    plain = _launch("-m", "esync-outer", "--speed-scale", "2.5", "--cores", "8", "--step-work", "0.004").validate()
     assert {(plain.batch_of(r), plain.sample_weight_of(r), plain.step_work_of(r))
             for r in ranks} == {(64, 1.0, 0.004)}
     assert plain.mode_options().weighting is None  # (esync-outer's own default: uniform)
@@ -163,7 +163,7 @@ def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
      "-ll/--local-lr: is an option of modes esync, esync-outer, not of -m sync"),
     (["-m", "esync", "-gl", "0"], "-gl/--global-lr: invalid value 0.0; expected a finite"),
     (["-m", "esync", "--epsilon", "3"], "--epsilon: invalid value 3.0; expected auto or a"),
-    (["--max-local-steps", "-1"], "--max-local-steps: invalid value -1; expected an integer"),
+    (["-m", "esync-outer", "--max-local-steps", "-1"], "--max-local-steps: invalid value -1; expected an integer"),
     (["-m", "dcasgd", "--dcasgd-lambda", "-1"], "--dcasgd-lambda: invalid value -1.0"),
     (["-m", "post-local-sgd", "--localsgd-period", "0"], "--localsgd-period: invalid value 0"),
     (["-m", "ddp", "--collective", "ring"], "--collective: invalid value 'ring'; expected "
@@ -192,7 +192,7 @@ def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():
                                             "with -m ddp: spares join the running job in"),
     (["--spare-workers", "3"], "--spare-workers: invalid value 3; expected an integer in 0..2 "
                                "(the run starts with at least two workers of --workers 4)"),
-    (["--spare-workers", "1", "--spare-start", "-1"], "--spare-start: invalid value -1.0"),
+    (["-m", "esync-outer", "--spare-workers", "1", "--spare-start", "-1"], "--spare-start: invalid value -1.0"),
     (["-m", "selsync", "--selsync-aggregate", "models"], "--selsync-aggregate: invalid value "
                                                          "'models'; expected parameters or"),
     (["-m", "eager-solo", "--eager-divide", "all"], "--eager-divide: invalid value 'all'"),
@@ -254,6 +254,27 @@ def test_a_time_budget_given_alone_is_the_stopping_rule():
     assert config_from_args(args, WORKER_DEFAULTS).epochs == 2
     args = build_parser().parse_args(["worker"])
     assert config_from_args(args, WORKER_DEFAULTS).epochs == 3
+
+
+def test_launch_without_a_mode_runs_its_recipe_and_a_flag_given_wins(capsys, monkeypatch):
+    """Bare `launch`: DiLoCo with 2 inner steps on balanced batches (the benches' best on its
+    cluster); -m given: that mode with its own defaults, none of the recipe's; each flag given
+    wins over its part of the recipe."""
+    cfg = _launch().validate()
+    assert (cfg.mode, cfg.balanced_batches, cfg.mode_options().inner_steps) == ("diloco", True, 2)
+    assert [cfg.batch_of(r) for r in range(cfg.workers)] == [64, 32, 16, 8]
+    cfg = _launch("-m", "diloco").validate()
+    assert (cfg.balanced_batches, cfg.mode_options().inner_steps) == (False, 8)
+    cfg = _launch("-m", "sync").validate()
+    assert (cfg.mode, cfg.balanced_batches, cfg.options) == ("sync", False, {})
+    cfg = _launch("--inner-steps", "4", "--balanced-batches", "0").validate()
+    assert (cfg.mode, cfg.balanced_batches, cfg.mode_options().inner_steps) == ("diloco", False, 4)
+    monkeypatch.setenv("COLUMNS", "1000")  # (a help line is not broken at a flag's hyphen)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["launch", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default: diloco --inner-steps 2 --balanced-batches 1; for a text data set sync " \
+           "--balanced-batches 1)" in shown
 
 
 @pytest.mark.parametrize("command", ["launch", "worker"])

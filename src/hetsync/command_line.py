@@ -97,10 +97,12 @@ SECTIONS = {
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | None = None,
-                         exclude: tuple[str, ...] = (), mode: str | None = None) -> None:
+                         exclude: tuple[str, ...] = (), mode: str | None = None,
+                         shown: dict[str, str] | None = None) -> None:
     """One flag per Config field (but the fields in `exclude`) and per registered mode option,
     in `SECTIONS`; `mode`: the one the command line names (`chosen_mode`), whose own defaults
-    the mode options' help shows.
+    the mode options' help shows; `shown`: the default to show for a field whose command's
+    default is more than a value (launch's mode and its recipe).
 
     Flags not given on the command line are left out of the namespace (argparse.SUPPRESS), so
     `config_from_args` can lay the given ones over any base (launch's defaults, a config file).
@@ -122,7 +124,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, defaults: Config | Non
             switch = {"nargs": "?", "const": True} if hints[f.name] is bool else {}  # bare: 1
             group.add_argument(*f.metadata["flags"], dest=f.name, type=parser_for(f, hints),
                                default=argparse.SUPPRESS, metavar=f.name.upper(),
-                               help=_with_default(help_text, getattr(defaults, f.name)),
+                               help=_with_default(help_text, (shown or {}).get(
+                                   f.name, getattr(defaults, f.name))),
                                **switch)
     add_option_arguments(parser, mode)
 
