@@ -192,6 +192,32 @@ def test_the_parameter_servers_own_work_queues_the_pushes_on_the_virtual_clock()
         assert back == pytest.approx(done + 2 * (LINK.latency_s + message), rel=1e-9)
 
 
+def _a_push_held_behind_a_worker_that_dies(rank, world):
+    from hetsync.comm import ParameterServer, PSClient
+
+    server = world - 1
+    if rank == server:
+        return ParameterServer([0, 1], _OrderRule(), timeout=30, link=LINK).serve().lost
+    clock = VirtualClock(LINK)
+    with PSClient(server, timeout=30) as ps:
+        ps.clock = clock
+        if rank == 1:  # at 0 s on its clock it could still send first; it crashes instead
+            time.sleep(0.5)
+            os._exit(17)
+        clock.spend(0.3)
+        ps.push_pull(torch.ones(4))
+        return clock.now()
+
+
+def test_a_push_held_behind_a_worker_is_served_once_that_worker_is_lost():
+    """Rank 0's push (0.3 s on its clock) waits for rank 1, whose clock says it could still
+    send an earlier one, until rank 1's process dies: then it is served (not left waiting
+    until its timeout for a request that will never come)."""
+    back, died, lost = run_ranks(_a_push_held_behind_a_worker_that_dies, 3, allow_failures=True)
+    assert isinstance(died, Exception) and lost == [1]
+    assert isinstance(back, float) and back > 0.3, back
+
+
 # ----------------------------------------------------------------------------- whole runs
 VIRTUAL = dict(dataset="synthetic", network="mlp", workers=4, slowdowns=(1.0, 2.0, 4.0, 8.0),
                clock="virtual", step_work=0.01, time_budget=1.5, epochs=None,

@@ -358,6 +358,29 @@ class ParameterServer:
                 return True
             return False
 
+        def serve_held(transfer: float = 0.0) -> bool:
+            """The virtual clock: serve the held requests, first come first, while no open
+            worker can still send one that reaches the server before them (`earliest`); again
+            after a worker is lost or refused, which no held request may wait on any more.
+            `transfer`: the last request's seconds on the link, taken as its sender's next's
+            (0: none came, an earlier bound, which only waits longer). Whether one said BYE."""
+            bye = False
+            summing = {w for parts in rounds.values() for w in parts}
+            while held:
+                first = min(held, key=lambda w: (held[w][0], w))
+                others = [(earliest[w], w) for w in open_workers
+                          if w not in held and w not in summing]
+                if others and min(others) < (held[first][0], first):
+                    break  # one of them may yet send an earlier request
+                _, header, payload = held.pop(first)
+                busy_from = time.perf_counter()
+                bye = handle(first, header, payload) or bye
+                self.stats.busy_s += time.perf_counter() - busy_from
+                replied = self._replied.pop(first, None)
+                if replied is not None:
+                    earliest[first] = max(earliest[first], replied + transfer)
+            return bye
+
         said_bye = False  # a worker said goodbye: the run is over, the silent may be lost
         # (room for a longer header than ours, so that one is refused, not gloo's abort)
         inbox = p2p.Inbox(self.workers, numel=HEADER_ROOM, dtype=torch.int64, view=self._view,
@@ -416,6 +439,7 @@ class ParameterServer:
                 except CommError as exc:  # its connection closed, idle or mid-header: it died
                     heard = time.monotonic()
                     lose(exc.peer)
+                    said_bye = serve_held() or said_bye  # (what waited on it goes now)
                     continue
                 raw = received_fields(raw)
                 seq = int(raw[Field.SEQ]) if len(raw) > Field.SEQ else 0
@@ -432,9 +456,11 @@ class ParameterServer:
                         self._drain(raw, src)
                     self._send_error_quietly(src, seq, status, int(detail), "ps/serve")
                     refuse(src, err.field, str(err))
+                    said_bye = serve_held() or said_bye
                     continue
                 except CommError:  # its payload never came: it died mid-request
                     lose(src)
+                    said_bye = serve_held() or said_bye
                     continue
                 next_seq[src] += 1
                 if self.link is None:
@@ -457,20 +483,7 @@ class ParameterServer:
                     self.stats.busy_s += time.perf_counter() - busy_from
                 else:
                     held[src] = (arrival + header.time, header, payload)
-                summing = {w for parts in rounds.values() for w in parts}
-                while held:
-                    first = min(held, key=lambda w: (held[w][0], w))
-                    others = [(earliest[w], w) for w in open_workers
-                              if w not in held and w not in summing]
-                    if others and min(others) < (held[first][0], first):
-                        break  # one of them may yet send an earlier request
-                    _, header, payload = held.pop(first)
-                    busy_from = time.perf_counter()
-                    said_bye = handle(first, header, payload) or said_bye
-                    self.stats.busy_s += time.perf_counter() - busy_from
-                    replied = self._replied.pop(first, None)
-                    if replied is not None:
-                        earliest[first] = max(earliest[first], replied + arrival)
+                said_bye = serve_held(arrival) or said_bye
         finally:
             inbox.close()
         return self.stats

@@ -448,8 +448,12 @@ def _train(cfg: Config, rank: int, world: int, device: torch.device, run_dir: Pa
             if world > 1 and not join:  # the workers start their clocks together
                 dist.barrier(group=group)
             t0, real_t0 = mode.comm.clock.now(), time.perf_counter()
-            if join and start_time is not None:  # on the run's clock (a regrouping mode's
-                t0 -= time.time() - start_time   # admission gives the leader's)
+            # a joiner goes on on the run's clock: a regrouping mode's admission gives it the
+            # leader's; a parameter server's joiner takes the real time since the start, or
+            # on the virtual clock the server's: its first reply reaches it at the server's
+            # time (`comm/ps.py`, `_virtual_reply`), not the seconds it took to start
+            if join and start_time is not None and cfg.clock != "virtual":
+                t0 -= time.time() - start_time
             # a resumed run keeps its start: its records' times go on from the checkpoint's
             if start_time is None:
                 start_time = time.time() - (own["loop"]["t"] if own is not None else 0.0)
