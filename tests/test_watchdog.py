@@ -27,6 +27,15 @@ def test_a_fault_is_named_by_rank_round_and_kind_and_a_bad_one_refused_in_one_li
         assert "\n" not in str(err.value) and repr(bad) in str(err.value), bad
 
 
+def test_a_fault_happens_once_in_a_run_not_again_in_a_resumed_process(tmp_path, monkeypatch):
+    monkeypatch.setenv(faults.ENV, "1:20:exit,1:40:slow,2:5:exit")
+    assert faults.planned(1, tmp_path) == [faults.Fault(1, 20, "exit"), faults.Fault(1, 40, "slow")]
+    faults.inject(faults.Fault(1, 40, "slow"), tmp_path, timer=type("T", (), {"factor": 1})())
+    assert faults.planned(1, tmp_path) == [faults.Fault(1, 20, "exit")]  # (its run's events)
+    assert faults.planned(2, tmp_path) == [faults.Fault(2, 5, "exit")]
+    assert len(faults.planned(1)) == 2  # (no run directory: every one)
+
+
 def test_the_grace_is_the_timeout_and_a_finish_unless_given_and_none_on_the_virtual_clock():
     assert Config(time_budget=10.0, timeout=15.0).finish_grace == 15.0 + 30.0
     assert Config(time_budget=10.0, grace=4.0).finish_grace == 4.0

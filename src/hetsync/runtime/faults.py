@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from hetsync.options import ConfigError
-from hetsync.telemetry.rundir import tell
+from hetsync.telemetry.rundir import RunDir, tell
 
 ENV = "HETSYNC_FAULT"
 KINDS = ("exit", "hang", "slow")
@@ -55,9 +55,14 @@ def parse(text: str) -> list[Fault]:
     return faults
 
 
-def planned(rank: int) -> list[Fault]:
-    """The faults the environment plans for `rank`."""
-    return [f for f in parse(os.environ.get(ENV, "")) if f.rank == rank]
+def planned(rank: int, run_dir=None) -> list[Fault]:
+    """The faults the environment plans for `rank`, but those `run_dir`'s events say were
+    injected already: a fault happens once in a run, not again in a process started after
+    it (a resumed run's, which counts its rounds again from a checkpoint before it)."""
+    done = {(e.get("rank"), e.get("round"), e.get("kind"))
+            for e in (RunDir(run_dir).read_events("fault") if run_dir is not None else ())}
+    return [f for f in parse(os.environ.get(ENV, ""))
+            if f.rank == rank and (f.rank, f.round, f.kind) not in done]
 
 
 def due(faults: list[Fault], round_: int) -> Fault | None:

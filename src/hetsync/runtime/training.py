@@ -120,8 +120,8 @@ class TrainingLoop:
         recorder, run_dir, progress, checkpointer = (outputs.recorder, outputs.run_dir,
                                                      outputs.progress, outputs.checkpointer)
         self.cfg, self.mode, self.rank = cfg, mode, rank
-        # tests' HETSYNC_FAULT: in the rank's first process (not one that joins or resumes)
-        self._faults = [] if joining else faults.planned(rank)
+        # tests' HETSYNC_FAULT: in the rank's first process (not one that joins), each once
+        self._faults = [] if joining else faults.planned(rank, run_dir)
         #: the workers, where the run goes on without a lost one (`runtime/membership.py`)
         self.membership = membership
         #: this process is a lost rank's, joining the running job (`run` enters it first)
