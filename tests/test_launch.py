@@ -184,6 +184,36 @@ def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_bac
     assert summary["complete"] and summary["final_accuracy"] > 0.5, summary
 
 
+def test_a_run_lost_before_its_first_checkpoint_starts_again_from_its_start(tmp_path):
+    """Blocking DiLoCo cannot go on without a worker: rank 1 exits at round 5, before any
+    checkpoint. launch starts the run again from its start (not: stops with nothing to
+    resume), the fault is not injected a second time, and the run's records are the second
+    attempt's alone: every batch once, one curve."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "diloco", "--workers", "3",
+         "--slowdowns", "1,2,2", "-n", "mlp", "--dataset", "synthetic", "--clock", "virtual",
+         "--step-work", "0.006", "--time-budget", "2", "--eval-interval", "0.5",
+         "--timeout", "20", "-ld", str(tmp_path), "--run-name", "run", "--quiet",
+         "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, faults.ENV: "1:5:exit"})
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-3000:]
+    assert "starting the run again from its start (no checkpoint yet)" in output, output[-3000:]
+    events = RunDir(run)
+    fault, = events.read_events("fault")
+    restarted, = events.read_events("restarted")  # (named for the first exit launch saw)
+    assert fault["rank"] == 1 and restarted["afresh"], (fault, restarted)
+    rounds = [r["round"] for r in _records(run, 1)]
+    assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) > 5, rounds
+    times = [json.loads(line)["train_time"] for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert len(times) == len(set(times)), times  # one curve
+    summary = summarize(run)
+    ledger = summary["ledger"]
+    assert ledger["batches_twice"] == ledger["batches_skipped"] == 0, ledger
+    assert summary["complete"] and summary["final_accuracy"] > 0.5, summary
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_stopping_the_launcher_leaves_no_process_behind(tmp_path, how):

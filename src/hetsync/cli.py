@@ -426,8 +426,8 @@ def build_parser(mode: str | None = None) -> argparse.ArgumentParser:
                    help="do not serve the run's live page (on loopback, a free port)")
     p.add_argument("--max-restarts", type=parse_restarts, default=3,
                    help="a run stopped by a lost worker (a mode that cannot go on without "
-                   "it) is resumed from its last checkpoint up to N times (0: it stops and "
-                   "says how to resume); where the mode goes on without it, a lost worker is "
+                   "it) is resumed from its last checkpoint, or started again from its start "
+                   "before its first, up to N times (0: it stops and says how to resume); where the mode goes on without it, a lost worker is "
                    "started again up to N times and joins the running job (default: 3)")
     p.add_argument("--no-rejoin", action="store_true",
                    help=f"a lost worker is not started again to join the running job "

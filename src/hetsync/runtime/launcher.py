@@ -7,7 +7,8 @@ each on its own emulated host behind a rate-limited link (`runtime/network.py`) 
 `--evaluator 1`, the evaluator (`hetsync evaluate --follow`, at the lowest CPU priority) once
 rank 0 has started the run; shows one progress line for the cluster, and stops every child on
 Ctrl-C or as soon as a worker fails (its log's last lines are shown) where the mode cannot go
-on without it — then resumes the run from its last checkpoint, up to `max_restarts` times.
+on without it — then resumes the run from its last checkpoint (or, stopped before its first,
+starts it again from its start), up to `max_restarts` times.
 It hosts the workers' key-value store itself, so that no worker's loss takes the store with
 it (`runtime/membership.py`), and marks there the workers it saw die. At the end it waits for
 the evaluator to finish the last snapshots (or evaluates them itself if the evaluator died),
@@ -529,7 +530,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                                                                        signal.SIGTERM)}
                 if on_main_thread else {})
     page = cluster = overdue = None
-    restarts = 0
+    restarts, fresh_start = 0, False
     try:
         if live:
             from hetsync.telemetry.live import LivePage
@@ -537,7 +538,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
             page = LivePage(run_dir).start()
             print(f"live page: {page.url}", file=stream, flush=True)
         while True:
-            cluster = Cluster(cfg, run_dir, network, resume=resume is not None or restarts > 0,
+            cluster = Cluster(cfg, run_dir, network,
+                              resume=resume is not None or (restarts > 0 and not fresh_start),
                               rejoins=max_restarts if rejoin else 0)
             try:
                 _run_cluster(cluster, progress, stream)
@@ -555,14 +557,24 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                 from hetsync.runtime import checkpoint
 
                 can_resume = checkpoint.resumable(run_dir, cfg.workers, not cfg.spec.asynchronous)
+                # stopped before any checkpoint: nothing to resume from, so from the start
+                afresh = not can_resume and resume is None and not checkpoint.indices(run_dir)
                 log = cluster.logs / (stop.name + ".log")
-                if can_resume and restarts < max_restarts:
+                if (can_resume or afresh) and restarts < max_restarts:
                     restarts += 1
-                    print(f"\n{stop}; resuming the run from its last checkpoint ({restarts} of "
-                          f"--max-restarts {max_restarts}); its log: {log}", file=stream,
-                          flush=True)
+                    if afresh:
+                        from hetsync.runtime.evaluation import drop_after
+
+                        RunDir(run_dir).discard_attempt()
+                        drop_after(run_dir, -1.0)  # (every snapshot: all are the attempt's)
+                    print(f"\n{stop}; " + ("starting the run again from its start (no "
+                                           "checkpoint yet)" if afresh else "resuming the run "
+                                           "from its last checkpoint")
+                          + f" ({restarts} of --max-restarts {max_restarts}); its log: {log}",
+                          file=stream, flush=True)
                     RunDir(run_dir).event("restarted", what="run", attempt=restarts,
-                                          process=stop.name, code=stop.code)
+                                          process=stop.name, code=stop.code, afresh=afresh)
+                    fresh_start = afresh
                     continue
                 progress.close()
                 again = (f"\nTo continue from its last checkpoint: hetsync launch --resume "

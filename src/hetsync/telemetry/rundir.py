@@ -163,6 +163,14 @@ class RunDir:
                  if (m := WORKER_FILE.match(p.name))]
         return [p for _, p in sorted(found)]
 
+    def discard_attempt(self) -> None:
+        """Remove what an attempt recorded (`RECORDS` but the config), so that the run starts
+        again from its start: `launch`, when the run is stopped before its first checkpoint.
+        The config, the events and the logs stay; the snapshots are the evaluator's to go."""
+        for path in self.path.iterdir():
+            if RECORDS.match(path.name) and path.name != CONFIG and path.is_file():
+                path.unlink()
+
     def event(self, kind: str, /, **fields: Any) -> dict:
         """Append one event of `kind` (a key of `EVENTS_KINDS`) with `fields`; the record.
         Best effort where the directory is gone: an event never ends a run."""
