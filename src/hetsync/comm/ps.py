@@ -324,6 +324,12 @@ class ParameterServer:
         held: dict[int, tuple[float, Header, Payload]] = {}
         #: the earliest a worker's next request can reach the server (the virtual clock)
         earliest = {w: 0.0 for w in self.workers}
+        #: the virtual clock: workers served again (`rejoin`) whose new process has sent no
+        #: request yet. None is waited for: its first request comes when it comes in real
+        #: time (after its start, its shard handed back by a worker that may be waiting on
+        #: this server), and reaches the server at the server's time then, not at its own
+        #: new clock's
+        fresh: set[int] = set()
 
         def handle(src: int, header: Header, payload: Payload) -> bool:
             """Serve one received request; whether it was a goodbye."""
@@ -369,7 +375,7 @@ class ParameterServer:
             while held:
                 first = min(held, key=lambda w: (held[w][0], w))
                 others = [(earliest[w], w) for w in open_workers
-                          if w not in held and w not in summing]
+                          if w not in held and w not in summing and w not in fresh]
                 if others and min(others) < (held[first][0], first):
                     break  # one of them may yet send an earlier request
                 _, header, payload = held.pop(first)
@@ -395,6 +401,7 @@ class ParameterServer:
             self.absent.discard(worker)
             closed_at.pop(worker, None)
             next_seq[worker] = 0
+            fresh.add(worker)
             self.stats.rejoined.append(worker)
 
         def awaiting() -> bool:
@@ -476,6 +483,9 @@ class ParameterServer:
                 # its parts (added in rank order), the workers' clocks meet after it at the
                 # collective's price, and its sender sends nothing until the sum reaches it.
                 arrival = self.link.message_seconds(HEADER_BYTES + header.payload_bytes)
+                if src in fresh:  # a new process's first request: it joins now (`fresh`)
+                    fresh.discard(src)
+                    header = dataclasses.replace(header, time=max(header.time, self._in_free))
                 earliest[src] = max(earliest[src], arrival + header.time)
                 if header.op == Op.SUM:
                     busy_from = time.perf_counter()
