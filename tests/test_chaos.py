@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from chaos import Event, at_samples, run  # noqa: E402
+from chaos import Event, at_rounds, at_samples, run  # noqa: E402
 
 SCHEDULES = {
     # goes on without a lost worker, rank 0 included (the lowest survivor leads on), which
@@ -32,7 +32,7 @@ SCHEDULES = {
 @pytest.mark.parametrize("mode", sorted(SCHEDULES))
 def test_a_run_under_faults_of_every_kind_ends_well(tmp_path, mode):
     args = SimpleNamespace(budget=12.0, timeout=15.0, events=len(SCHEDULES[mode]),
-                           log_dir=str(tmp_path), lr_schedule=None)
+                           log_dir=str(tmp_path), lr_schedule=None, at_rounds=False)
     out = run(mode, 0, args, SCHEDULES[mode])
     log = (tmp_path / f"chaos-{mode}-s0-chaos" / "chaos.log").read_text()
     assert out.code == 0, log
@@ -52,3 +52,14 @@ def test_the_undisturbed_accuracy_at_equal_samples_is_read_between_its_evaluatio
     assert at_samples(curve, 150) == pytest.approx(0.60)
     assert at_samples(curve, 200) == pytest.approx(0.70)
     assert at_samples(curve, 250) is None   # past the run's end: nothing to compare with
+
+
+def test_faults_at_rounds_follow_each_ranks_rounds_in_the_undisturbed_twin(tmp_path):
+    """--at-rounds: ranks 1, 2, 0 exit at 1/4, 1/2, 3/4 of the rounds each recorded in its
+    twin (an asynchronous mode's ranks count apart); rank 0's is left out where the mode
+    goes on but takes no one back (it would be the last worker)."""
+    for rank, rounds in ((0, 400), (1, 200), (2, 100)):
+        (tmp_path / f"worker-{rank}.jsonl").write_text(
+            "".join(f'{{"round": {r}}}\n' for r in range(1, rounds + 1)))
+    assert at_rounds("async", tmp_path, 3) == "1:50:exit,2:50:exit,0:300:exit"
+    assert at_rounds("eager-solo", tmp_path, 3) == "1:50:exit,2:50:exit"
