@@ -398,7 +398,6 @@ class TrainingLoop:
         """Continue from `checkpoint` (this rank's, loaded by `checkpoint.py`): the loop's
         counters and data position; the model, optimizer and mode were restored before."""
         self._restored = checkpoint
-        self._faults = []  # (injected in the attempt before: a resumed run goes on)
         self._evaluations = int(checkpoint["loop"]["evaluations"])
         self._next_checkpoint = self._checkpoint_after(checkpoint["loop"]["train_time"])
         self.control.resume(int(checkpoint["loop"]["samples_seen"]))
