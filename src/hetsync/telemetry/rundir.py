@@ -166,7 +166,8 @@ class RunDir:
     def discard_attempt(self) -> None:
         """Remove what an attempt recorded (`RECORDS` but the config), so that the run starts
         again from its start: `launch`, when the run is stopped before its first checkpoint.
-        The config, the events and the logs stay; the snapshots are the evaluator's to go."""
+        The config, the events and the logs stay (launch removes the attempt's snapshots
+        with `evaluation.drop_after`)."""
         for path in self.path.iterdir():
             if RECORDS.match(path.name) and path.name != CONFIG and path.is_file():
                 path.unlink()
