@@ -769,6 +769,35 @@ def test_hetsyncs_batch_sampler_gives_each_worker_its_own_shard_once_an_epoch(tm
         assert (led["epochs"], led["batches_left_in_last_epoch"]) == (2, 0), led
 
 
+def _passes(sampler, epochs: int) -> list[list[list[int]]]:
+    out = []
+    for epoch in epochs:
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+def test_the_batch_sampler_resumed_at_an_epoch_draws_what_the_run_drew_in_it(monkeypatch):
+    """A script started again from its checkpoint at the end of epoch 1 (torchrun's
+    restart) calls `set_epoch(2)`, as with a DistributedSampler: its next pass draws epoch
+    2's batches, the same the run that was not stopped drew — not epoch 0's again; called
+    every epoch, or with an epoch already passed, it changes nothing."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+
+    def sampler():
+        model = _model()
+        opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode="sync")
+        return opt.batch_sampler(256, 16, seed=3)
+
+    whole = _passes(sampler(), range(4))
+    assert all(len(p) == 16 for p in whole) and whole[2] != whole[0]
+    assert _passes(sampler(), [2, 3]) == whole[2:]
+    resumed = sampler()
+    assert _passes(resumed, [2, 1]) == [whole[2], whole[3]]  # (1 passed: no going back)
+    with pytest.raises(ValueError, match=r"set_epoch\(-1\): expected an int >= 0"):
+        resumed.set_epoch(-1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "esync-outer", "eager-solo", "async"])
 def test_a_lost_workers_shard_is_drawn_by_a_survivor_under_wrap(mode, tmp_path):
@@ -793,3 +822,101 @@ def test_a_lost_workers_shard_is_drawn_by_a_survivor_under_wrap(mode, tmp_path):
         led = ledger["per_worker"][shard]
         assert (led["epochs"], led["batches_left_in_last_epoch"]) == (2, 0), led
     assert ledger["per_worker"]["1"]["drawn_by"] == [1, 2]
+
+
+#: a user's script that checkpoints at each epoch's end and resumes from it (torchrun
+#: starts it again when a machine joins), drawing with hetsync's sampler; it prints each
+#: epoch's batches. Its first process waits after epoch 0 for the second machine (so that
+#: the join comes mid-run whatever the machine's speed): torchrun stops it to restart.
+_RESUMING_SCRIPT = '''
+import json, os, sys, time
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+import hetsync
+
+mode, checkpoint, epochs = sys.argv[1], sys.argv[2], 4
+torch.manual_seed(0)
+dist.init_process_group("gloo")
+g = torch.Generator().manual_seed(0)
+x = torch.randn(2048, 16, generator=g)
+y = (x @ torch.randn(16, 4, generator=g)).argmax(1)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = hetsync.wrap(torch.optim.SGD(model.parameters(), lr=0.1), model, mode=mode, timeout=60)
+start = 0
+if os.path.exists(checkpoint):
+    saved = torch.load(checkpoint, weights_only=True)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    start = saved["epoch"] + 1
+sampler = opt.batch_sampler(len(x), 32, seed=1)
+loader = DataLoader(TensorDataset(torch.arange(len(x)), x, y), batch_sampler=sampler)
+for epoch in range(start, epochs):
+    if epoch == 1 and opt.workers == 1:
+        time.sleep(600)   # until the second machine joins: torchrun restarts this script
+    sampler.set_epoch(epoch)
+    drawn = []
+    for i, xb, yb in loader:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        drawn += i.tolist()
+    state = opt.state_dict()
+    if opt.rank == 0:
+        torch.save({"model": model.state_dict(), "optimizer": state, "epoch": epoch},
+                   checkpoint + ".tmp")
+        os.replace(checkpoint + ".tmp", checkpoint)
+    print(json.dumps({"rank": opt.rank, "workers": opt.workers, "epoch": epoch,
+                      "resumed_at": start, "drawn": drawn, "loss": loss.item()}), flush=True)
+opt.finish()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "diloco"])
+def test_a_machine_that_joins_a_wrapped_torchrun_job_trains_every_later_epoch_once(
+        mode, tmp_path):
+    """torchrun's way of taking in a machine (`--nnodes 1:2`): a second agent joins the
+    running job, torchrun stops its worker and starts both at the new size, and the script
+    resumes from its checkpoint at epoch 0's end (`opt.state_dict()`, `sampler.set_epoch`).
+    Each later epoch is drawn by both workers, every sample once: none twice, none left.
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch's default the joining agent waits
+    forever for the new round's address, docs/own-loop.md.)"""
+    import os
+
+    script = tmp_path / "train.py"
+    script.write_text(_RESUMING_SCRIPT)
+    checkpoint = tmp_path / "checkpoint.pt"
+    port = free_port()
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2",
+             "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "join",
+             "--rdzv-conf", "last_call_timeout=1", "--max-restarts", "0",
+             "--monitor-interval", "1", str(script), mode, str(checkpoint)]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    first = subprocess.Popen(agent, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert checkpoint.exists(), first.communicate(timeout=10)
+        second = subprocess.run(agent, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=180)
+        out, err = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and second.returncode == 0, err[-3000:] + second.stderr[-3000:]
+    epochs = [json.loads(line) for text in (out, second.stdout)
+              for line in text.splitlines() if line.startswith("{")]
+    alone = [e for e in epochs if e["workers"] == 1]
+    assert [e["epoch"] for e in alone] == [0] and sorted(alone[0]["drawn"]) == list(range(2048))
+    joined = [e for e in epochs if e["workers"] == 2]
+    assert sorted((e["epoch"], e["rank"]) for e in joined) == [
+        (epoch, rank) for epoch in (1, 2, 3) for rank in (0, 1)], epochs
+    assert {e["resumed_at"] for e in joined} == {1}
+    for epoch in (1, 2, 3):
+        drawn = [i for e in joined if e["epoch"] == epoch for i in e["drawn"]]
+        assert sorted(drawn) == list(range(2048)), epoch   # every sample once
+    assert joined[-1]["loss"] < 0.5 * math.log(4)   # it trained (chance: log 4)

@@ -378,7 +378,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         worker go on, one of them draws the rest of its shard, so that no sample of the
         epoch is lost (`runtime/shard_batches.py`, which says where it departs from
         `launch`). `batch_size`: every worker's (default: this wrapper's `batch_size`,
-        balanced to a profile where one was given). Make one per wrapper, on every worker."""
+        balanced to a profile where one was given). Make one per wrapper, on every worker;
+        its `set_epoch(epoch)` is `DistributedSampler`'s, for a script resumed from its
+        checkpoint (docs/own-loop.md)."""
         from hetsync.runtime.shard_batches import ShardBatchSampler
 
         _check_batch_size(batch_size)

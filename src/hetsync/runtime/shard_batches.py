@@ -29,7 +29,9 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
    holds (`shards.follow`, as `launch`'s workers do).
 
 Where it departs from `launch`: an epoch's last batch may be short (`launch` drops it);
-`wrap` admits no worker, so no shard is handed back; a parameter-server mode's worker that
+`wrap` admits no worker, so no shard is handed back (a machine joins by torchrun's restart of
+every worker at the new size: the resumed script's sampler is cut into shards of that size,
+and `set_epoch` starts it at its checkpoint's next epoch); a parameter-server mode's worker that
 falls silent without its connection closing is found lost only at the stop (`StoreJoin`),
 too late for its shard to be taken on. A loss found in `finish()`, or after the passes of
 the survivor that holds its shard now are over, leaves the rest of that shard undrawn (and
@@ -94,6 +96,20 @@ class ShardBatchSampler(torch.utils.data.Sampler):
             self._account().draw(epoch, number, shard=None if shard == self.rank else shard)
             self.share = 1.0 if shard == self.rank else len(indices) / self._own_batch
             yield indices.tolist()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next pass draws, as `DistributedSampler.set_epoch`: each shard held
+        at an epoch's start before `epoch` starts at `epoch`'s first batch (its own
+        permutation of that epoch), so that a script resumed from its checkpoint at an
+        epoch's end — after `torchrun` started it again, at the same size or another —
+        draws that epoch and not the first one again. A shard mid-epoch, or at `epoch` or
+        past it, is left where it is: called every epoch, it changes nothing."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch({epoch!r}): expected an int >= 0")
+        for shard in self.held.shards:
+            at_epoch, batch = self.held.at(shard)
+            if batch == 0 and at_epoch < epoch:
+                self.held.start_at(shard, epoch, 0)
 
     def before_sum(self, store, round_: int) -> None:
         """Step 3 where a round's draws are in every member's model or in none
