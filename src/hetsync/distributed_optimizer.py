@@ -62,6 +62,7 @@ from hetsync.comm.errors import CommError
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime import shards
+from hetsync.runtime.shard_batches import check_epoch
 from hetsync.telemetry.recorder import JsonlWriter
 from hetsync.telemetry.rundir import RunDir
 
@@ -417,8 +418,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next steps belong to, for the records' ``epoch`` (call it where
         you call ``DistributedSampler.set_epoch``)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"set_epoch({epoch!r}): expected an int >= 0")
+        check_epoch(epoch)
         if self._recorder is not None:
             self._recorder.epoch = epoch
 

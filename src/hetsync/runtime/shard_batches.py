@@ -56,6 +56,12 @@ from hetsync.runtime import shards
 from hetsync.runtime.rounds import RoundAccount
 
 
+def check_epoch(epoch) -> None:
+    """`set_epoch`'s argument (the sampler's and the wrapped optimizer's): an int >= 0."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"set_epoch({epoch!r}): expected an int >= 0")
+
+
 class ShardBatchSampler(torch.utils.data.Sampler):
     """A `DataLoader`'s ``batch_sampler`` for worker `rank` of `workers` in a wrapped run
     (see the module docstring); made by `DistributedOptimizer.batch_sampler`. `batch_sizes`:
@@ -104,8 +110,7 @@ class ShardBatchSampler(torch.utils.data.Sampler):
         epoch's end — after `torchrun` started it again, at the same size or another —
         draws that epoch and not the first one again. A shard mid-epoch, or at `epoch` or
         past it, is left where it is: called every epoch, it changes nothing."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"set_epoch({epoch!r}): expected an int >= 0")
+        check_epoch(epoch)
         for shard in self.held.shards:
             at_epoch, batch = self.held.at(shard)
             if batch == 0 and at_epoch < epoch:
