@@ -45,14 +45,26 @@ def used_mb() -> float:
     return (kb("MemTotal") - kb("MemAvailable")) / 1024
 
 
+def batch_of(flags: list[str]) -> int:
+    """The batch `flags` give the launch (-b/--batch-size; the last wins, as in argparse)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-b", "--batch-size", type=int, default=64)
+    return p.parse_known_args(flags)[0].batch_size
+
+
 def run(args, name: str, mode: str, slowdowns: list[float], extra: str = "") -> dict:
+    flags = [*args.launch_args.split(), *extra.split()]
+    # --step-work is launch's work for a step of -b samples: at another -b (balanced batches on
+    # this mix need -b 300) the same value would be another, faster device; every run here is
+    # given the same device, 64 samples in --step-work seconds
+    step_work = args.step_work * batch_of(flags) / 64
     argv = [HETSYNC, "launch", "-m", mode, "--clock", "virtual", "--workers",
             str(len(slowdowns)), "--slowdowns", ",".join(f"{s:g}" for s in slowdowns),
-            "--step-work", str(args.step_work), "--time-budget", str(args.budget),
+            "--step-work", f"{step_work:.9g}", "--time-budget", str(args.budget),
             "--epochs", "none", "--seed", str(args.seed), "--eval-interval",
             str(args.eval_interval), "--no-live", "--no-figures", "--quiet", "--log-dir",
             str(ROOT / args.log_dir), "--run-name", name, "--link-bandwidth", args.link,
-            "--timeout", "600", *args.launch_args.split(), *extra.split()]
+            "--timeout", "600", *flags]
     base, peak, done = used_mb(), [0.0], threading.Event()
 
     def sample() -> None:
@@ -88,7 +100,8 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=60.0, help="virtual seconds of training")
     p.add_argument("--eval-interval", type=float, default=5.0)
     p.add_argument("--step-work", type=float, default=0.006,
-                   help="the fastest device's step on 64 samples, s")
+                   help="the fastest device's step on 64 samples, s (a launch given another -b "
+                        "gets this device's step on its batch)")
     p.add_argument("--link", default="10gbit")
     p.add_argument("--targets", default="0.8,0.85,0.88,0.9")
     p.add_argument("--seed", type=int, default=0)
