@@ -30,8 +30,8 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "esync", "diloco", "async", "dcasgd",
-                                  "async-local-sgd", "fedbuff", "selsync", "eager-solo",
+@pytest.mark.parametrize("mode", ["sync", "sync-lookahead", "esync", "diloco", "async",
+                                  "dcasgd", "async-local-sgd", "fedbuff", "selsync", "eager-solo",
                                   "eager-majority", "gd", "dgc", "dgs"])
 def test_every_mode_trains_a_small_model_on_a_local_cluster(tmp_path, mode):
     cfg = Config(mode=mode, log_dir=str(tmp_path), time_budget=3.0, **SMALL)
@@ -141,8 +141,9 @@ def test_a_killed_worker_stops_the_run_with_its_name_and_no_process_is_left(tmp_
         _records(run_dir, rank)
 
 
-@pytest.mark.parametrize("mode, at, workers", [("sync", 30, 4), ("selsync", 30, 3),
-                                                ("esync-outer", 10, 3)])
+@pytest.mark.parametrize("mode, at, workers", [
+    ("sync", 30, 4), ("selsync", 30, 3), ("esync-outer", 10, 3),
+    pytest.param("sync-lookahead", 30, 3, marks=pytest.mark.slow)])
 def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_back(
         tmp_path, mode, at, workers):
     """sync's and SelSync's blocking sums and esync-outer's background rounds on the virtual

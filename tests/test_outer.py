@@ -94,8 +94,9 @@ def test_esync_outer_defaults_and_flags_override_them():
         "drift_correction": "scaffold"}
 
 
-def _lookahead_run(rank, world, steps, every, lr, momentum):
-    """The `lookahead` mode on one real gloo rank: its slow weights after `steps` steps."""
+def _lookahead_run(rank, world, steps, every, lr, momentum, mode="lookahead"):
+    """`mode` (`lookahead`, or `sync-lookahead` on `world` ranks) on real gloo ranks: its
+    slow weights after `steps` steps."""
     import torch.distributed as dist
 
     from hetsync.algorithms import Step, registry
@@ -104,7 +105,7 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
 
     from tiny import SmallNet
 
-    spec = registry.get("lookahead")
+    spec = registry.get(mode)
     torch.manual_seed(0)
     model = SmallNet()
     start = flatten(list(model.parameters())).clone()
@@ -112,9 +113,10 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
     options = spec.make_options({"lookahead_steps": every, "lookahead_lr": lr,
                                  "lookahead_momentum": momentum})
     assembly = assemble(spec, options, model, opt,
-                        Wiring(rank=0, workers=1, group=dist.new_group([0]), timeout=30))
+                        Wiring(rank=rank, workers=world, group=dist.new_group(list(range(world))),
+                               timeout=30))
     algo = assembly.mode
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(1 + rank)
     batches = [(torch.randn(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g))
                for _ in range(steps)]
     for i, (x, y) in enumerate(batches):
@@ -130,8 +132,9 @@ def _lookahead_run(rank, world, steps, every, lr, momentum):
     return start, batches, slow, rounds
 
 
-def _sgd_from(weights, batches, lr=0.1):
-    """Plain SGD steps of SmallNet from `weights` on `batches`; the weights after them."""
+def _sgd_from(weights, steps, lr=0.1):
+    """Plain SGD steps of SmallNet from `weights`; each step's gradient is the mean of its
+    batches' (one batch: one device; one a rank: `sync`'s step); the weights after them."""
     from hetsync.algorithms.base import flatten, unflatten_into
 
     from tiny import SmallNet
@@ -139,11 +142,24 @@ def _sgd_from(weights, batches, lr=0.1):
     model = SmallNet()
     unflatten_into(weights, list(model.parameters()))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    for x, y in batches:
+    for batches in steps:
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for x, y in batches:
+            (torch.nn.functional.cross_entropy(model(x), y) / len(batches)).backward()
         opt.step()
     return flatten(list(model.parameters())).detach().clone()
+
+
+def _outer_nesterov(start, steps, every, lr, momentum):
+    """SNOO by hand: SGD's `every` steps from the slow weights, then torch's Nesterov SGD on
+    their difference (the pseudo-gradient -D), for each whole round of `steps`."""
+    param = torch.nn.Parameter(start.clone())
+    outer = torch.optim.SGD([param], lr=lr, momentum=momentum, nesterov=momentum > 0)
+    for k in range(len(steps) // every):
+        fast = _sgd_from(param.detach().clone(), steps[every * k:every * (k + 1)])
+        param.grad = param.detach() - fast
+        outer.step()
+    return param.detach()
 
 
 @pytest.mark.slow
@@ -152,20 +168,26 @@ def test_lookahead_is_an_outer_nesterov_step_every_k_steps():
 
     # K = 1, outer rate 1, no momentum: plain SGD
     (start, batches, slow, rounds), = run_ranks(_lookahead_run, 1, 4, 1, 1.0, 0.0)
-    torch.testing.assert_close(slow, _sgd_from(start, batches))
+    torch.testing.assert_close(slow, _sgd_from(start, [[b] for b in batches]))
     assert rounds == 5  # counted from 1: four done, the fifth under way
-    # K = 3, rate 0.5, momentum 0.9: SGD's 3 steps from the slow weights, then Nesterov on
-    # their difference (torch.optim.SGD on the pseudo-gradient -D); 7 steps: 2 rounds, and
-    # the last step's weights are in no outer step
+    # K = 3, rate 0.5, momentum 0.9: 7 steps are 2 rounds, and the last step's weights are
+    # in no outer step
     (start, batches, slow, rounds), = run_ranks(_lookahead_run, 1, 7, 3, 0.5, 0.9)
-    param = torch.nn.Parameter(start.clone())
-    outer = torch.optim.SGD([param], lr=0.5, momentum=0.9, nesterov=True)
-    for k in range(2):
-        fast = _sgd_from(param.detach().clone(), batches[3 * k:3 * k + 3])
-        param.grad = param.detach() - fast
-        outer.step()
-    torch.testing.assert_close(slow, param.detach())
+    torch.testing.assert_close(slow, _outer_nesterov(start, [[b] for b in batches], 3, 0.5, 0.9))
     assert rounds == 3
+
+
+@pytest.mark.slow
+def test_sync_lookahead_is_the_outer_step_on_syncs_steps_the_same_on_every_worker():
+    from distributed import run_ranks
+
+    # K = 3, rate 0.5, momentum 0.9 on 2 ranks: each step the mean of the two ranks'
+    # gradients, every 3 the outer step; 7 steps, each a round of sync's
+    ranks = run_ranks(_lookahead_run, 2, 7, 3, 0.5, 0.9, "sync-lookahead")
+    (start, ours, slow, rounds), (_, theirs, other_slow, _) = ranks
+    torch.testing.assert_close(slow, other_slow, rtol=0, atol=0)
+    torch.testing.assert_close(slow, _outer_nesterov(start, list(zip(ours, theirs)), 3, 0.5, 0.9))
+    assert rounds == 8
 
 
 @pytest.mark.parametrize("weighting", ["uniform", "samples", "fednova"])

@@ -30,8 +30,8 @@ from typing import Any, Callable
 from hetsync.options import as_python_numbers, check_types
 from hetsync.services import RunService
 
-_BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.lookahead",
-                    "hetsync.algorithms.sync",
+_BUILTIN_MODULES = ("hetsync.algorithms.sequential", "hetsync.algorithms.sync",
+                    "hetsync.algorithms.lookahead",
                     "hetsync.algorithms.esync", "hetsync.algorithms.diloco",
                     "hetsync.algorithms.async_ps", "hetsync.algorithms.async_local_sgd",
                     "hetsync.algorithms.fedbuff",
