@@ -177,3 +177,26 @@ def test_the_evaluators_rest_between_evaluations_ends_when_the_run_does(tmp_path
     torch.set_num_threads(threads)
     assert not follower.is_alive() and counted == [3]
     assert not evaluation.pending(run)
+
+
+def test_on_a_virtual_clock_the_evaluator_keeps_eval_jsonl_in_order(tmp_path):
+    """Where the wall clock's evaluator takes the newest snapshot first (its accuracy is the
+    one worth showing while the run goes on), a virtual run's evaluator evaluates every one
+    in order: its eval.jsonl's lines then do not follow the machine's load."""
+    import threading
+
+    run = tmp_path / "run"
+    _tiny_run(run, 3)
+    cfg = dataclasses.replace(Config.load(run / "config.json"), clock="virtual")
+    cfg.save(run / "config.json")
+    threads = torch.get_num_threads()
+    follower = threading.Thread(target=lambda: evaluation.follow(run, duty=1e-4), daemon=True)
+    follower.start()
+    while not (run / "eval.jsonl").exists() or not (run / "eval.jsonl").read_text():
+        time.sleep(0.05)   # the first evaluated while the run goes on
+    write_json_atomic(run / "run.json", {"run_name": "run", "end_time": time.time()})
+    follower.join(timeout=30)
+    torch.set_num_threads(threads)
+    times = [json.loads(line)["train_time"]
+             for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert not follower.is_alive() and times == [0.0, 1.0, 2.0]

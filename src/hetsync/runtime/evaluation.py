@@ -13,7 +13,10 @@
    newest snapshot and rests, so that it computes at most `DUTY` of the time (the run's end,
    in run.json, cuts a rest short), and after the run the ones it skipped, in order. The
    accuracy is known while the run goes on and no worker pauses; the readers sort the
-   records by training time. (Its priority alone did not keep it off the devices: on this
+   records by training time. On a virtual clock it evaluates every pending one, in order,
+   before it rests: there the newest first would leave `eval.jsonl`'s lines in an order
+   that follows the machine's load, where the rest of such a run's records are the same
+   bytes on any machine. (Its priority alone did not keep it off the devices: on this
    machine's kernel, PREEMPT_NONE with 250 Hz ticks, a device that woke beside it waited for
    the next tick, and the slowdown-5 device of a 1, 2, 4, 8 cluster ran at 90 % of its
    nominal speed with an evaluator busy 35 % of the time, at 96 % without.) Without an
@@ -250,8 +253,9 @@ DUTY = 0.1
 def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.05,
            duty: float = DUTY, start_after: float | None = None) -> int:
     """The evaluator: evaluate `run_dir`'s snapshots into its `eval.jsonl` (see the module
-    docstring) — with `until_end`, the newest as they are written, computing at most `duty`
-    of the time, until the run has ended; then every one left, in order. How many it
+    docstring) — with `until_end`, the newest as they are written (on a virtual clock, every
+    one, in order), computing at most `duty` of the time, until the run has ended; then every
+    one left, in order. How many it
     evaluated. It stops following a run whose workers have been silent for its `--timeout`
     (they died without ending it), saying so on stderr. `start_after` (launch's, which
     starts it with the workers): first wait until rank 0 has written run.json after that
@@ -285,7 +289,7 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.05,
             if time.monotonic() >= rest_until:
                 began = time.process_time()  # (its wall time grows with the devices' load)
                 done = evaluate_pending(run_dir, model, data.test, device, out.write,
-                                        newest=True)
+                                        newest=cfg.clock != "virtual")
                 total += done
                 busy = time.process_time() - began
                 rest_until = time.monotonic() + (busy * (1 / duty - 1) if done else 0.0)
