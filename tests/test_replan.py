@@ -58,7 +58,8 @@ def test_only_a_sync_run_with_balanced_batches_re_plans_them():
     assert not Config(mode="esync-outer", workers=2, slowdowns=(1.0, 2.0),
                       balanced_batches=True).replans
     with pytest.raises(ConfigError, match=r"--replan-drift: invalid value 0.5; expected 0.2 "
-                                          r"\(unused\) unless --balanced-batches 1.*\(sync\)"):
+                                          r"\(unused\) unless --balanced-batches 1.*"
+                                          r"\(sync, sync-lookahead\)"):
         Config(mode="esync-outer", workers=2, slowdowns=(1.0, 2.0), balanced_batches=True,
                replan_drift=0.5).validate()
     with pytest.raises(ConfigError, match=r"--replan-drift: invalid value -1.*a fraction in 0..10"):
