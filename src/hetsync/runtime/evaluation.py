@@ -255,12 +255,11 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.05,
     """The evaluator: evaluate `run_dir`'s snapshots into its `eval.jsonl` (see the module
     docstring) — with `until_end`, the newest as they are written (on a virtual clock, every
     one, in order), computing at most `duty` of the time, until the run has ended; then every
-    one left, in order. How many it
-    evaluated. It stops following a run whose workers have been silent for its `--timeout`
-    (they died without ending it), saying so on stderr. `start_after` (launch's, which
-    starts it with the workers): first wait until rank 0 has written run.json after that
-    time, once the model and data are ready (a resumed run's rank 0 cuts eval.jsonl back
-    first), at most `--timeout` or the start's rendezvous bound (`worker.RENDEZVOUS_S`)."""
+    one left, in order. How many it evaluated. It stops following a run whose workers have been
+    silent for its `--timeout` (they died without ending it), saying so on stderr. `start_after`
+    (launch's, which starts it with the workers): first wait until rank 0 has written run.json
+    after that time, once the model and data are ready (a resumed run's rank 0 cuts eval.jsonl
+    back first), at most `--timeout` or the start's rendezvous bound (`worker.RENDEZVOUS_S`)."""
     from hetsync.config import Config
     from hetsync.telemetry.recorder import JsonlWriter
 
