@@ -41,6 +41,11 @@ def _entry(fn, rank, world_size, port, pg_timeout, agent_store, args, results):
             "gloo", rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=pg_timeout),
         )
+        # Gloo's full mesh can be up on one rank while a peer is still reading its handshake;
+        # a rank whose `fn` returns at once would then close its sockets under that peer
+        # ("Connection closed by peer" in init_process_group, seen once in CI). torch no
+        # longer barriers after init unless TORCH_DIST_INIT_BARRIER=1.
+        dist.barrier()
         value = fn(rank, world_size, *args)
         # Plain pickle copies tensors by value; the queue's own reducer would share them by file
         # descriptor, which dies with this process.
