@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -133,6 +134,33 @@ def test_runs_are_read_against_the_fastest_devices_best_recipe():
     assert (cell["capacity"], cell["x fastest @0.9"], cell["x fastest @end"]) == \
         ("1.79", "2.00", "2.50")
     assert "speedup vs sync @0.9" not in headers
+
+
+def test_a_speed_up_over_seeds_carries_its_bootstrap_interval():
+    # every draw of constant times gives the same speed-up
+    assert res.speedup_interval([10.0] * 3, [5.0] * 3) == (2.0, 2.0)
+    ref, run = [16.0, 17.0, 19.0, 18.0, 16.5], [10.0, 12.5, 11.0, 10.5, 13.0]
+    lo, hi = res.speedup_interval(ref, run)
+    # inside what any draw can give, and around the medians' ratio (17 / 11)
+    assert 16.0 / 13.0 <= lo < 17.0 / 11.0 < hi <= 19.0 / 10.0
+    assert res.speedup_interval(ref, run) == (lo, hi)  # seeded
+    # a run that misses the target in most draws: never (a speed-up of 0) at the low end
+    assert res.speedup_interval(ref, [10.0, None, None])[0] == 0.0
+    assert res.speedup_interval([None] * 3, [10.0] * 3) == (math.inf, math.inf)
+
+    def seeds(kind, label, times, speed):
+        return res.combine([_timed(kind, label, {"0.9": t}, 0.9, speed)
+                            for t in times])
+    device = seeds("reference", "fastest-lookahead", [16.0, 17.0, 19.0], 1000.0)
+    cluster = seeds("mode", "sync", [10.0, 12.5, 11.0], 1875.0)
+    short = seeds("mode", "diloco", [9.0, 9.0], 1875.0)  # 2 seeds: no interval
+    res.compare_with_fastest([cluster, short, device], [0.9], None)
+    assert cluster.vs_fastest["0.9"] == pytest.approx(17.0 / 11.0)
+    lo, hi = cluster.vs_fastest_interval["0.9"]
+    assert lo < 17.0 / 11.0 < hi and "0.9" not in short.vs_fastest_interval
+    headers, cells = res.rows([cluster, short], [0.9], 0.9, None, with_sync=False)
+    assert dict(zip(headers, cells[0]))["x fastest @0.9"] == f"1.55 [{lo:.2f}–{hi:.2f}]"
+    assert dict(zip(headers, cells[1]))["x fastest @0.9"] == "1.89"
     assert res.compare_with_fastest([cluster], [0.85], None) is None  # no reference run
 
 

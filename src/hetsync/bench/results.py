@@ -11,6 +11,8 @@ with the reason.
 With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
 time-to-target and final figure cells show their range: one evaluation every few seconds
 and a first crossing of a noisy curve make a single run's time-to-accuracy vary by a third.
+With 3 seeds or more on both sides, the speed-up over the fastest device at the last target
+carries its bootstrap interval over the seeds (:func:`speedup_interval`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -49,6 +52,8 @@ class RunResult:
     vs_fastest: dict[str, float | None] = field(default_factory=dict)
     #: vs_fastest ÷ capacity, per target key and "end"
     efficiency: dict[str, float | None] = field(default_factory=dict)
+    #: with repeats on both sides: vs_fastest's 95 % interval over the seeds, per target key
+    vs_fastest_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: with repeats: every seed's run (``summary`` then holds their medians)
     repeats: list["RunResult"] = field(default_factory=list)
     seed: int | None = None
@@ -70,6 +75,40 @@ def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["time_to_target"] = {t: _median([s["time_to_target"].get(t) for s in summaries])
                              for t in summaries[0]["time_to_target"]}
     return out
+
+
+def speedup_interval(reference: Sequence[float | None], run: Sequence[float | None],
+                     level: float = 0.95, draws: int = 10_000,
+                     seed: int = 0) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the speed-up median(reference) ÷ median(run),
+    from each side's time to a target over its seeds (Efron & Tibshirani, *An Introduction
+    to the Bootstrap*, 1993, ch. 13):
+
+    1. `draws` times, draw as many of each side's seeds as it has, with replacement, each side
+       on its own (the seeds of a cluster and of a device are not paired);
+    2. that draw's speed-up: the median of the reference's times ÷ the median of the run's,
+       a missed target read as never (a speed-up of 0, or of infinity);
+    3. the interval: that speed-up's (1 - level) / 2 and (1 + level) / 2 quantiles.
+
+    Seeded, so the same times give the same interval. With a handful of seeds it is wide, and
+    that is its point: a first crossing at an accuracy near the model's ceiling moves by a
+    tenth with the seed.
+    """
+    ref = [math.inf if t is None else t for t in reference]
+    mine = [math.inf if t is None else t for t in run]
+    rng = random.Random(seed)
+
+    def ratio(a: float, b: float) -> float:
+        if math.isinf(b):
+            return 0.0
+        return a / b
+
+    ratios = sorted(ratio(statistics.median(rng.choices(ref, k=len(ref))),
+                          statistics.median(rng.choices(mine, k=len(mine))))
+                    for _ in range(draws))
+    lo = ratios[int((1 - level) / 2 * (draws - 1))]
+    hi = ratios[int(round((1 + level) / 2 * (draws - 1)))]
+    return lo, hi
 
 
 def combine(runs: Sequence[RunResult]) -> RunResult:
@@ -119,6 +158,12 @@ def reference_end(results: Sequence[RunResult],
     return next(label for v, label in ends if v == value), value
 
 
+def _times(r: RunResult, key: str) -> list[float | None]:
+    """Each seed's time to the target `key` (None: missed, or the seed's run failed)."""
+    return [x.summary["time_to_target"].get(key) if x.summary is not None else None
+            for x in r.repeats]
+
+
 def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
                          end: tuple[str, float] | None) -> FastestDevice | None:
     """Read every run against the fastest device alone (its `reference` runs); None when no
@@ -130,7 +175,9 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
     4. each run's speed-up at each target: that recipe's time ÷ the run's; "end": at the best
        recipe's final accuracy or loss (`end`), so a speed-up there means the run got as far
        sooner;
-    5. its efficiency: speed-up ÷ capacity ratio (1: every sample worth one of the device's).
+    5. its efficiency: speed-up ÷ capacity ratio (1: every sample worth one of the device's);
+    6. with 3 seeds or more on both sides, the speed-up's interval over them
+       (:func:`speedup_interval`).
     """
     refs = [r for r in results if r.kind == "reference" and r.summary is not None]
     speeds = [r.summary["throughput_limit"] for r in refs if r.summary.get("throughput_limit")]
@@ -159,6 +206,11 @@ def compare_with_fastest(results: Sequence[RunResult], targets: Sequence[float],
             r.vs_fastest[name] = ratio
             r.efficiency[name] = (ratio / r.capacity if ratio is not None and r.capacity
                                   else None)
+            if name in best:
+                ref = next(x for x in refs if x.label == best[name][0])
+                seeds = [_times(x, key) for x in (ref, r)]
+                if all(len(t) >= 3 for t in seeds):
+                    r.vs_fastest_interval[name] = speedup_interval(*seeds)
     cluster = [r.capacity for r in results if r.kind != "reference" and r.capacity]
     return FastestDevice(speed, statistics.median(cluster) if cluster else None, best,
                          end and end[1], end and end[0])
@@ -179,6 +231,13 @@ def compute_speedups(results: Sequence[RunResult], targets: Sequence[float],
 
 def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
+
+
+def _with_interval(value: float | None, interval: tuple[float, float] | None) -> str:
+    """A speed-up, with its 95 % interval over the seeds where there is one."""
+    if value is None or interval is None:
+        return _num(value, ".2f")
+    return f"{value:.2f} [{interval[0]:.2f}–{interval[1]:.2f}]".replace("inf", "∞")
 
 
 def _spread(r: RunResult, value: Any, fmt: str, get) -> str:
@@ -224,7 +283,8 @@ def rows(results: Sequence[RunResult], targets: Sequence[float], speedup_at: flo
                       for t in targets]
                    + [_spread(r, s[final], ".4f", lambda x: x[final]),
                       _num(r.capacity, ".2f")]
-                   + [_num(r.vs_fastest.get(k), ".2f") for k in keys]
+                   + [_with_interval(r.vs_fastest.get(k), r.vs_fastest_interval.get(k))
+                      for k in keys]
                    + [_num(r.efficiency.get(last), ".2f"), _num(r.efficiency.get("end"), ".2f")]
                    + ([_num(r.speedup.get(target_key(speedup_at)), ".2f")] if with_sync else [])
                    + [_num(epochs, ".2f"),
@@ -276,7 +336,8 @@ def result_doc(r: RunResult) -> dict[str, Any]:
     doc = {"label": r.label, "kind": r.kind, "lr": r.lr, "lr_how": r.lr_how,
            "run_dir": str(r.run_dir) if r.run_dir else None, "error": r.error,
            "speedup_vs_sync": r.speedup, "capacity": r.capacity, "vs_fastest": r.vs_fastest,
-           "efficiency": r.efficiency, "summary": s}
+           "efficiency": r.efficiency, "vs_fastest_interval": r.vs_fastest_interval,
+           "summary": s}
     if r.repeats:
         doc["repeats"] = [{"seed": x.seed, "run_dir": str(x.run_dir) if x.run_dir else None,
                            "error": x.error, "summary": x.summary} for x in r.repeats]
