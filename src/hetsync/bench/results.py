@@ -11,8 +11,8 @@ with the reason.
 With repeats (one run per seed), a row holds the median of each figure over the seeds, and the
 time-to-target and final figure cells show their range: one evaluation every few seconds
 and a first crossing of a noisy curve make a single run's time-to-accuracy vary by a third.
-With 3 seeds or more on both sides, the speed-up over the fastest device at the last target
-carries its bootstrap interval over the seeds (:func:`speedup_interval`).
+With 3 seeds or more on both sides, each speed-up over the fastest device carries its
+bootstrap interval over the seeds (:func:`speedup_interval`).
 """
 
 from __future__ import annotations
