@@ -185,6 +185,33 @@ def test_a_mode_goes_on_without_a_worker_lost_at_a_chosen_round_and_takes_it_bac
     assert summary["complete"] and summary["final_accuracy"] > 0.5, summary
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_diverged_run_ends_at_once_with_the_rate_named_and_is_not_restarted(tmp_path, mode):
+    """At a rate far too high the training loss goes to NaN. That worker ends with its own
+    line, and launch stops the run there: it does not start the worker again to join
+    (`async` admits one) nor resume the run (`sync` cannot go on without it) -- either would
+    take the diverged model or checkpoint and diverge again. What the records hold is
+    summarised."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", mode, "--workers", "2",
+         "--slowdowns", "1,2", "-n", "mlp", "--dataset", "synthetic", "--clock", "virtual",
+         "-l", "1e6", "--time-budget", "3", "--eval-interval", "0.5", "--timeout", "20",
+         "-ld", str(tmp_path), "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=240)
+    output = out.stdout + out.stderr
+    assert out.returncode == 1, output[-3000:]
+    error = output.strip().splitlines()[-1]
+    assert error.startswith("hetsync launch: error: rank ") and "training loss is " in error \
+        and "lower the learning rate (-l/-ll, now" in error, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    events = RunDir(run)
+    diverged, = events.read_events("diverged")
+    assert not events.read_events("restarted") and not events.read_events("exited"), \
+        (run / "events.jsonl").read_text()
+    assert json.loads((run / "summary.json").read_text())["rounds"] >= 1
+
+
 def test_a_run_lost_before_its_first_checkpoint_starts_again_from_its_start(tmp_path):
     """Blocking DiLoCo cannot go on without a worker: rank 1 exits at round 5, before any
     checkpoint. launch starts the run again from its start (not: stops with nothing to

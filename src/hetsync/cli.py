@@ -574,6 +574,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except FloatingPointError as err:
+        from hetsync.runtime.training import DIVERGED_EXIT_CODE, Diverged
+
+        if not isinstance(err, Diverged):
+            raise
+        print(f"hetsync {args.command}: error: {err}", file=sys.stderr)
+        return DIVERGED_EXIT_CODE
     except Exception as err:  # known failures of a run: say what, not where
         from hetsync.runtime.launcher import LaunchError
         from hetsync.services import ServiceError

@@ -8,7 +8,8 @@ each on its own emulated host behind a rate-limited link (`runtime/network.py`) 
 rank 0 has started the run; shows one progress line for the cluster, and stops every child on
 Ctrl-C or as soon as a worker fails (its log's last lines are shown) where the mode cannot go
 on without it — then resumes the run from its last checkpoint (or, stopped before its first,
-starts it again from its start), up to `max_restarts` times.
+starts it again from its start), up to `max_restarts` times; a worker whose training loss
+diverged stops the run for good (a restart would diverge again).
 It hosts the workers' key-value store itself, so that no worker's loss takes the store with
 it (`runtime/membership.py`), and marks there the workers it saw die. At the end it waits for
 the evaluator to finish the last snapshots (or evaluates them itself if the evaluator died),
@@ -34,6 +35,7 @@ from hetsync.algorithms.base import ControlPath
 from hetsync.config import FINISH_S, Config
 from hetsync.options import ConfigError
 from hetsync.runtime import forked
+from hetsync.runtime.training import DIVERGED_EXIT_CODE
 from hetsync.runtime.worker import default_run_name
 from hetsync.serving import is_loopback
 from hetsync.telemetry.progress import ClusterProgress
@@ -486,6 +488,15 @@ class _Overdue(Exception):
     """The run passed its time budget by more than its grace (`Config.finish_grace`)."""
 
 
+class _Diverged(Exception):
+    """A worker's training loss stopped being finite (`training.Diverged`): the run ends, as
+    any process of it would diverge again from the model or checkpoint it would start from."""
+
+    def __init__(self, name: str, said: str):
+        super().__init__(said or f"{name}: its training loss is not finite")
+        self.name = name
+
+
 class _Stopped(Exception):
     """A process of the run failed where the run cannot go on without it."""
 
@@ -529,7 +540,7 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
     previous = ({sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT,
                                                                        signal.SIGTERM)}
                 if on_main_thread else {})
-    page = cluster = overdue = None
+    page = cluster = overdue = diverged = None
     restarts, fresh_start = 0, False
     try:
         if live:
@@ -550,6 +561,13 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
                       f"at the end of its log)", file=stream, flush=True)
                 RunDir(run_dir).event("overdue", running=overdue)
                 cluster.dump_stacks()
+                cluster.stop()
+                break
+            except _Diverged as bad:
+                diverged = str(bad)
+                print(f"\nhetsync launch: {diverged}; stopping the others (the run is not "
+                      f"restarted: it would diverge again)", file=stream, flush=True)
+                RunDir(run_dir).event("diverged", process=bad.name)
                 cluster.stop()
                 break
             except _Stopped as stop:
@@ -603,6 +621,9 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
 
         recount_samples_seen(run_dir)  # (the store's count is the real machine's order)
     finish_run(run_dir, figures=figures, stream=stream)
+    if diverged is not None:  # (as an overdue run: summarised above, then a failure)
+        raise LaunchError(f"{diverged}; the others were stopped, and the summary above is of "
+                          f"what its records hold")
     if overdue is not None:  # (its records are summarised above; the run did not end well)
         raise LaunchError(f"{overdue}: stopped by the watchdog; the summary above is of "
                           f"what its records hold")
@@ -612,7 +633,8 @@ def launch(cfg: Config, *, show_progress: bool = True, figures: bool = True,
 def _run_cluster(cluster: Cluster, progress, stream) -> None:
     """Start `cluster`'s processes and watch them until its workers are done: restart the
     mode's service when it dies, go on without an evaluator or a worker the mode can lose; raises
-    _Stopped naming a process the run cannot go on without."""
+    _Stopped naming a process the run cannot go on without, _Diverged naming a worker whose
+    loss diverged."""
     cfg = cluster.cfg
     svc = cfg.spec.service
     if svc is not None:
@@ -637,6 +659,10 @@ def _run_cluster(cluster: Cluster, progress, stream) -> None:
             cluster.lost.add(cluster.EVALUATOR)
             events.event("exited", process=cluster.EVALUATOR, code=failure[1])
             continue
+        if failure is not None and failure[1] == DIVERGED_EXIT_CODE and \
+                failure[0].startswith("rank-"):
+            raise _Diverged(failure[0], _tail(cluster.logs / f"{failure[0]}.log", 1)
+                            .removeprefix("hetsync worker: error: "))
         if failure is not None and cluster.lose(failure[0]):
             again = ("; started it again to join the run" if cluster.rejoin(failure[0])
                      else "")

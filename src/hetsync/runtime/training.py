@@ -23,7 +23,8 @@ driver, which `hetsync.wrap` shares):
 Steps 3-6 fail with a CommError when a peer is lost; where the run can go on without it
 (`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
-ends the worker. The leader is rank 0, or once it is lost the lowest survivor, which takes
+ends the worker. A training loss that is NaN or infinite ends it too (`Diverged`), and with it
+the run: the model it would go on from is the diverged one. The leader is rank 0, or once it is lost the lowest survivor, which takes
 over its files (in the asynchronous modes, once `launch` has marked the leader dead:
 `membership.StoreLead`). Where the mode admits a worker (`algorithms.base.Admits`), a lost
 rank's new process (`hetsync worker --join`) enters at a round's end: the leader offers it a
@@ -61,6 +62,16 @@ from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime.schedule import lr_factor, run_progress, set_lr_factor
 from hetsync.telemetry.recorder import JsonlWriter
 from hetsync.telemetry.rundir import RunDir, tell
+
+#: a worker's exit code when its training loss stopped being finite (`Diverged`): launch then
+#: stops the run, where it would lose, restart or resume a worker that crashed -- a new
+#: process would take the same model, and a resume the same checkpoint and seed, and diverge
+#: again (as a 64-worker `async` run's did, restarted and resumed for half an hour)
+DIVERGED_EXIT_CODE = 3
+
+
+class Diverged(FloatingPointError):
+    """The training loss is NaN or infinite: the rate is too high for this model and mode."""
 
 
 @dataclass
@@ -597,7 +608,7 @@ class TrainingLoop:
             ended = self._now()
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
-                raise FloatingPointError(
+                raise Diverged(
                     f"rank {self.rank}: training loss is {loss_value} at round {mode.round}; "
                     f"lower the learning rate (-l/-ll, now {mode.lr})")
             rnd.add_step((ended - started) - (comm.clock.total() - waited), loss_value,

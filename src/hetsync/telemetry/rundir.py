@@ -72,6 +72,8 @@ EVENTS_KINDS = {
               "speeds, batches, before)",
     "slow_device": "a device ran below its nominal speed (rank, speed_of_nominal)",
     "overdue": "launch's watchdog stopped a run past its budget (running)",
+    "diverged": "a worker's training loss was NaN or infinite: launch stopped the run "
+                "(process)",
 }
 
 
