@@ -156,6 +156,13 @@ def median(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def median_time(xs: list[float | None]) -> float | None:
+    """The median time to a target over the seeds, a seed that never reached it read as never
+    (as the bench reads one: `bench.results`); None when never is the median."""
+    m = statistics.median(math.inf if x is None else x for x in xs) if xs else math.inf
+    return None if math.isinf(m) else m
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profiles", default="1,2;1,1;1,2,4,8",
@@ -259,7 +266,8 @@ def main() -> int:
             lines.append(f"| {profile} | {mode} | curve gap (pt) | | "
                          f"{statistics.median(gaps):.2f} (max {max(gaps):.2f}) | |")
             continue
-        a, b = median([x for x, _ in pairs]), median([y for _, y in pairs])
+        middle = median if t in ("final", "throughput") else median_time
+        a, b = middle([x for x, _ in pairs]), middle([y for _, y in pairs])
         ratio = f"{b / a:.2f}" if a and b else "—"
         shown = {"final": lambda x: f"{x:.4f}", "throughput": lambda x: f"{x:,.0f}"}.get(
             t, fmt)
