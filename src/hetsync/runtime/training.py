@@ -24,13 +24,13 @@ Steps 3-6 fail with a CommError when a peer is lost; where the run can go on wit
 (`Config.regroups`), the survivors regroup (`membership.py`), take the leader's global state
 (`mode.rejoin`) and go on, drawing the dropped round's batches again; elsewhere the error
 ends the worker. A training loss that is NaN or infinite ends it too (`Diverged`), and with it
-the run: the model it would go on from is the diverged one. The leader is rank 0, or once it is lost the lowest survivor, which takes
-over its files (in the asynchronous modes, once `launch` has marked the leader dead:
-`membership.StoreLead`). Where the mode admits a worker (`algorithms.base.Admits`), a lost
-rank's new process (`hetsync worker --join`) enters at a round's end: the leader offers it a
-place, the round's agreement admits it, and it takes the leader's global state, counts and
-clock (`_admit`). In the asynchronous modes it links to the parameter server instead and
-takes the server's model (`_enter_server`).
+the run: the model it would go on from is the diverged one. The leader is rank 0, or once it
+is lost the lowest survivor, which takes over its files (in the asynchronous modes, once
+`launch` has marked the leader dead: `membership.StoreLead`). Where the mode admits a worker
+(`algorithms.base.Admits`), a lost rank's new process (`hetsync worker --join`) enters at a
+round's end: the leader offers it a place, the round's agreement admits it, and it takes the
+leader's global state, counts and clock (`_admit`). In the asynchronous modes it links to the
+parameter server instead and takes the server's model (`_enter_server`).
 
 Timing follows docs/design.md: compute = data + forward + backward + emulated slowdown + the
 local update (the part of `apply` not spent waiting or communicating); wait = barriers, queries
