@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from hetsync.bench.results import median_never
+
 ROOT = Path(__file__).resolve().parent.parent
 HETSYNC = str(ROOT / ".venv" / "bin" / "hetsync")
 
@@ -156,11 +158,9 @@ def median(xs: list[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def median_time(xs: list[float | None]) -> float | None:
-    """The median time to a target over the seeds, a seed that never reached it read as never
-    (as the bench reads one: `bench.results`); None when never is the median."""
-    m = statistics.median(math.inf if x is None else x for x in xs) if xs else math.inf
-    return None if math.isinf(m) else m
+#: the median time to a target over the seeds, a seed that never reached it read as never,
+#: as the bench reads one (None when never is the median)
+median_time = median_never
 
 
 def main() -> int:

@@ -59,7 +59,7 @@ class RunResult:
     seed: int | None = None
 
 
-def _median(values: Sequence[float | None]) -> float | None:
+def median_never(values: Sequence[float | None]) -> float | None:
     """Median, `None` read as never (infinite): a target missed by most seeds stays missed."""
     m = statistics.median([math.inf if v is None else v for v in values])
     return None if math.isinf(m) else m
@@ -71,8 +71,8 @@ def median_summary(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
                            "metric": summaries[0].get("metric")}
     for key in ("final_accuracy", "final_loss", "samples", "throughput", "throughput_limit",
                 "utilisation", "traffic_Bps", "synced_fraction"):
-        out[key] = _median([s.get(key) for s in summaries])
-    out["time_to_target"] = {t: _median([s["time_to_target"].get(t) for s in summaries])
+        out[key] = median_never([s.get(key) for s in summaries])
+    out["time_to_target"] = {t: median_never([s["time_to_target"].get(t) for s in summaries])
                              for t in summaries[0]["time_to_target"]}
     return out
 
