@@ -21,7 +21,10 @@
    the next tick, and the slowdown-5 device of a 1, 2, 4, 8 cluster ran at 90 % of its
    nominal speed with an evaluator busy 35 % of the time, at 96 % without.) Without an
    evaluator, the leader evaluates them in order after training;
-3. the snapshots taken before a checkpoint are on disk before it (`SnapshotWriter.flush`), so
+3. the emptied `snapshots/` goes only after the run (`remove_if_empty`): an evaluator that
+   removed it while the run went on raced the writer, which had just made it, and the
+   leader's next snapshot failed ("No such file or directory": once in CI);
+4. the snapshots taken before a checkpoint are on disk before it (`SnapshotWriter.flush`), so
    a crash loses none; a resumed run drops those taken after its checkpoint (lost work).
 
 Each evaluation record holds the snapshot's stamp (`t, train_time, round, samples_seen`), the
@@ -173,12 +176,16 @@ def evaluate_pending(run_dir: str | Path, model: torch.nn.Module, test_set,
                 **({} if taken is None else {"lag_s": max(0.0, time.time() - taken)})})
         path.unlink()
         done += 1
-    if done and not pending(run_dir):
-        try:
-            snapshot_dir(run_dir).rmdir()
-        except OSError:
-            pass
     return done
+
+
+def remove_if_empty(run_dir: str | Path) -> None:
+    """Remove the snapshot directory once every snapshot is evaluated. Only after the run:
+    while it goes on, the leader's writer may be about to create a file in it."""
+    try:
+        snapshot_dir(run_dir).rmdir()
+    except OSError:  # (not there, or not empty)
+        pass
 
 
 def wait_evaluated(run_dir: str | Path, timeout: float, poll_s: float = 0.2) -> bool:
@@ -295,7 +302,10 @@ def follow(run_dir: str | Path, *, until_end: bool = True, poll_s: float = 0.05,
             time.sleep(poll_s)
         if until_end:  # the devices are done: every core is the evaluator's
             _spread_out()
-        return total + evaluate_pending(run_dir, model, data.test, device, out.write)
+        total += evaluate_pending(run_dir, model, data.test, device, out.write)
+    if _ended(run_dir):
+        remove_if_empty(run_dir)
+    return total
 
 
 def _spread_out() -> None:

@@ -55,7 +55,8 @@ from hetsync.config import Config
 from hetsync.runtime import faults, replan, shards
 from hetsync.runtime.control import (Agreement, CollectiveControl, LocalControl, Proposal,
                                      StoreControl)
-from hetsync.runtime.evaluation import Evaluation, SnapshotWriter, evaluate, evaluate_pending
+from hetsync.runtime.evaluation import (Evaluation, SnapshotWriter, evaluate, evaluate_pending,
+                                        remove_if_empty)
 from hetsync.runtime.membership import Roster, known_lost, shared
 from hetsync.runtime.plan import RankPlan
 from hetsync.runtime.rounds import RoundAccount, decide, perform
@@ -315,8 +316,10 @@ class TrainingLoop:
         order (the leader); how many."""
         self.snapshots.flush()
         model = copy.deepcopy(self.mode.model)
-        return evaluate_pending(run_dir, model, self.test_set, self.device,
+        done = evaluate_pending(run_dir, model, self.test_set, self.device,
                                 self._record_evaluation)
+        remove_if_empty(run_dir)
+        return done
 
     def evaluate_initial(self, t0: float) -> None:
         """Accuracy of the starting model (round 0, training time 0), before the clock runs:
