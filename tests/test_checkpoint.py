@@ -46,6 +46,25 @@ def test_only_the_last_checkpoints_are_kept(tmp_path):
     assert checkpoint.indices(tmp_path) == [5, 4]
 
 
+def test_a_file_whose_directory_another_process_empties_and_removes_is_still_written(
+        tmp_path, monkeypatch):
+    """The last rank out of an old checkpoint removes its directory, and an evaluator once
+    removed the emptied snapshots/: one that goes between `save_atomic`'s making of the
+    directory and of its file costs a retry, not the run (here, the first time)."""
+    real, removed = checkpoint.tempfile.mkstemp, []
+
+    def removing_first(dir, **kwargs):
+        if not removed:
+            os.rmdir(dir)
+            removed.append(dir)
+        return real(dir=dir, **kwargs)
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", removing_first)
+    path = tmp_path / "snapshots" / "000001.pt"
+    checkpoint.save_atomic(path, {"version": checkpoint.VERSION, "w": torch.ones(2)})
+    assert removed and checkpoint.load(path)["w"].sum() == 2
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "pickle"])
 def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tmp_path, damage, capsys):
     ck = checkpoint.Checkpointer(tmp_path, rank=0)

@@ -88,8 +88,17 @@ def _fsync_dir(path: Path) -> None:
 
 def save_atomic(path: Path, state: dict[str, Any]) -> None:
     """torch.save to a temporary file beside `path`, fsync, rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    for attempt in range(3):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            break
+        # another process removed the emptied directory as it was made (mkdir's "exists",
+        # then not a directory) or before the file was (the last rank out of an old
+        # checkpoint, `Checkpointer.write`); once the file is in, none can
+        except (FileNotFoundError, FileExistsError):
+            if attempt == 2:
+                raise
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
