@@ -212,6 +212,40 @@ def test_a_diverged_run_ends_at_once_with_the_rate_named_and_is_not_restarted(tm
     assert json.loads((run / "summary.json").read_text())["rounds"] >= 1
 
 
+@pytest.mark.parametrize("restarts", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_an_asynchronous_run_that_lost_every_worker_stops_unless_they_may_join_again(
+        tmp_path, restarts):
+    """`async` goes on without a lost worker, and lets one join again. Rank 1 exits, then
+    rank 0: with no rejoin left (--max-restarts 0) the run cannot go on and stops there,
+    naming rank 0 (the parameter server, which trains nothing, once kept it going: it waited
+    out its --timeout for a worker and failed with that); with one, each joins again and
+    the run ends well."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetsync", "launch", "-m", "async", "--workers", "2",
+         "--slowdowns", "1,2", "-n", "mlp", "--dataset", "synthetic", "--clock", "virtual",
+         "--step-work", "0.006", "--time-budget", "2", "--eval-interval", "0.5",
+         "--timeout", "60", "--max-restarts", str(restarts), "-ld", str(tmp_path),
+         "--run-name", "run", "--quiet", "--no-figures", "--no-live"],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, faults.ENV: "1:10:exit,0:40:exit"})
+    output = out.stdout + out.stderr
+    events = RunDir(run)
+    assert [e["process"] for e in events.read_events("exited")] == ["rank-1"] + \
+        ["rank-0"] * restarts, (run / "events.jsonl").read_text()
+    if restarts:
+        assert out.returncode == 0, output[-3000:]
+        assert sorted(e["rank"] for e in events.read_events("joined")) == [0, 1]
+        assert json.loads((run / "summary.json").read_text())["complete"]
+    else:
+        assert out.returncode == 1, output[-3000:]
+        error = output.strip().splitlines()
+        assert any(line.startswith(f"hetsync launch: error: rank-0 exited with code "
+                                   f"{faults.EXIT_CODE}; the others were stopped")
+                   for line in error), output[-3000:]
+        assert "no request within" not in (run / "logs" / "ps.log").read_text()
+
+
 def test_a_run_lost_before_its_first_checkpoint_starts_again_from_its_start(tmp_path):
     """Blocking DiLoCo cannot go on without a worker: rank 1 exits at round 5, before any
     checkpoint. launch starts the run again from its start (not: stops with nothing to

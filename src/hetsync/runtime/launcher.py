@@ -139,6 +139,9 @@ class Cluster:
     #: the child that evaluates for the workers: the run goes on when it fails (the launcher
     #: evaluates what it left)
     EVALUATOR = "evaluator"
+    #: the parameter server's process (the last rank), where the mode has one: it trains
+    #: nothing, so a run whose workers are all lost cannot go on with it alone
+    PS = "ps"
 
     def __init__(self, cfg: Config, run_dir: Path, network=None, resume: bool = False,
                  rejoins: int = 0):
@@ -291,7 +294,7 @@ class Cluster:
     def _start_rank(self, rank: int, join: bool = False) -> None:
         """Start rank `rank`'s process (`join`: a lost worker's, joining the running job)."""
         world, net = self.cfg.world_size, self.network
-        name = "ps" if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
+        name = self.PS if self.cfg.needs_ps and rank == world - 1 else f"rank-{rank}"
         args = ["worker", "--config", str(self.config_path),
                 "--resume" if self.resume and not join else "--run-dir", str(self.run_dir)]
         if join:
@@ -405,8 +408,14 @@ class Cluster:
                 records.exists() and records.stat().st_size > 0
                 and records.stat().st_mtime >= self.started):  # (a resumed run's are older)
             return False  # it died setting up: the others wait for it in a collective
-        if not any(self._member(other) for other in self.ranks() if other != name):
-            return False  # nobody left to go on (or to let a joiner in)
+        others = [o for o in self.ranks() if o not in (name, self.PS)]
+        if not any(self._member(other) for other in others) and not (
+                asynchronous and (any(self._joining(other) for other in others)
+                                  or self.rejoined.get(name, 0) < self.rejoins)):
+            # nobody left to go on, or to let a joiner in (an asynchronous mode's server
+            # lets one in alone: another started to join, or this one, started again).
+            # (The server, alone, once waited out its --timeout for a worker.)
+            return False
 
         self.lost.add(name)
         # the others need not wait for it (`membership.shared`: the workers read these keys
@@ -428,6 +437,11 @@ class Cluster:
             return True
         return b"joined the run at round" in (self.logs / f"{name}.log").read_bytes()[
             self.joining[name]:]
+
+    def _joining(self, name: str) -> bool:
+        """Whether worker `name` is a process started to join that is still running."""
+        return name in self.joining and name not in self.lost and \
+            self.procs[name].poll() is None
 
     def rejoin(self, name: str) -> bool:
         """Start the lost worker `name` again to join the running job (`--join`), up to
