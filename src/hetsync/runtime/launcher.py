@@ -411,7 +411,7 @@ class Cluster:
         others = [o for o in self.ranks() if o not in (name, self.PS)]
         if not any(self._member(other) for other in others) and not (
                 asynchronous and (any(self._joining(other) for other in others)
-                                  or self.rejoined.get(name, 0) < self.rejoins)):
+                                  or self.may_rejoin(name))):
             # nobody left to go on, or to let a joiner in (an asynchronous mode's server
             # lets one in alone: another started to join, or this one, started again).
             # (The server, alone, once waited out its --timeout for a worker.)
@@ -443,10 +443,14 @@ class Cluster:
         return name in self.joining and name not in self.lost and \
             self.procs[name].poll() is None
 
+    def may_rejoin(self, name: str) -> bool:
+        """Whether the lost worker `name` has a rejoin left (`rejoins` each)."""
+        return self.rejoined.get(name, 0) < self.rejoins
+
     def rejoin(self, name: str) -> bool:
-        """Start the lost worker `name` again to join the running job (`--join`), up to
-        `rejoins` times; whether it was."""
-        if self.rejoined.get(name, 0) >= self.rejoins:
+        """Start the lost worker `name` again to join the running job (`--join`), if it
+        `may_rejoin`; whether it was."""
+        if not self.may_rejoin(name):
             return False
         self.rejoined[name] = self.rejoined.get(name, 0) + 1
         self.lost.discard(name)
