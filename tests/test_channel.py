@@ -91,3 +91,29 @@ def test_a_long_running_job_has_no_deadline_but_its_caller_bounds_the_wait():
     with pytest.raises(CommTimeoutError, match="stuck: not done in time"):
         stuck.result(within=0.1)
     channel.close(wait=False)
+
+
+def _held_by_a_pending_work(rank, world):
+    from hetsync.comm.p2p import wait_released
+
+    store = dist.distributed_c10d._get_default_store()
+    buf = torch.full((4,), float(rank))
+    if rank == 0:
+        store.wait(["posted"])
+        dist.broadcast(buf, src=0)
+        return None
+    work = dist.broadcast(buf, src=0, async_op=True)
+    pending = wait_released([buf], within=0.2)
+    store.set("posted", "1")
+    work.wait()
+    del work  # (the caller's handle holds the work, and so the tensor, too)
+    return pending, wait_released([buf], within=30), buf._use_count(), buf.tolist()
+
+
+def test_wait_released_waits_while_a_work_holds_the_tensor_and_returns_once_torch_let_go():
+    """`wait_released` (before a process exits after its last collective): while a gloo
+    work still holds a tensor, it says so after its wait; once the work is done and torch's
+    thread dropped it, the caller's reference is the only one. (A canary for torch's
+    `Tensor._use_count` too: if it stopped counting the work's hold, the first check fails.)"""
+    _, (pending, released, holders, value) = run_ranks(_held_by_a_pending_work, 2, timeout=60)
+    assert (pending, released, holders, value) == (False, True, 1, [0.0] * 4)

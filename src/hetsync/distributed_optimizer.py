@@ -59,6 +59,7 @@ from hetsync.runtime.assembly import Wiring, assemble
 from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.runtime.membership import Membership, Roster
 from hetsync.comm.errors import CommError
+from hetsync.comm.p2p import wait_released
 from hetsync.runtime.control import Departures, StoreJoin
 from hetsync.runtime.rounds import RoundAccount, decide, perform
 from hetsync.runtime import shards
@@ -538,7 +539,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         key = torch.tensor([joined_at * comm.workers + comm.workers - 1 - me],
                            dtype=torch.int64, device=comm.wire_device)
         dist.all_reduce(key, op=dist.ReduceOp.MAX, group=comm.group)
-        self.mode.broadcast_model(src=comm.workers - 1 - int(key) % comm.workers)
+        last = comm.workers - 1 - int(key) % comm.workers
+        wait_released([key])  # (the process may exit right after: see `wait_released`)
+        self.mode.broadcast_model(src=last)
 
     def __enter__(self) -> "DistributedOptimizer":
         return self

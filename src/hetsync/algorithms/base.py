@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from hetsync.clock import VirtualClock, WallClock, broadcast_seconds
+from hetsync.comm.p2p import wait_released
 
 #: the floats of the loop's proposal (`runtime/control.py`'s `Proposal`) that ride at the end
 #: of a mode's sum (`Mode.sum_with_proposal`), which a parameter server's sum must have room for
@@ -505,15 +506,21 @@ class Mode:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def broadcast_model(self, src: int = 0) -> None:
-        """Copy worker `src`'s parameters and buffers to every worker (setup only)."""
+        """Copy worker `src`'s parameters and buffers to every worker (at setup, and a
+        wrapped run's last step: the process may exit right after, so the sent tensors are
+        held until torch's threads let go of them, `comm.p2p.wait_released`)."""
         if self.comm.workers == 1:
             return
         src_global = src if self.comm.group is None else dist.get_global_rank(self.comm.group, src)
+        device = self.comm.comm_device
+        sent = []
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            buf = t.data if self.comm.comm_device is None else t.data.to(self.comm.comm_device)
+            buf = t.data if device is None else t.data.to(device)
             dist.broadcast(buf, src=src_global, group=self.comm.group)
-            if buf is not t.data:
+            if device is not None:
                 t.data.copy_(buf)
+            sent.append(buf)
+        wait_released(sent)
 
 
 def optimizer_settings(optimizer: torch.optim.Optimizer) -> str:

@@ -328,6 +328,27 @@ def stranded() -> list[threading.Thread]:
     return [t for t in _left if t.is_alive()]
 
 
+def wait_released(tensors: Sequence[torch.Tensor], within: float = 5.0) -> bool:
+    """Wait until torch's process-group threads hold none of `tensors` (the caller's
+    reference is each one's only one; a work's handle left with the caller holds it too),
+    at most `within` seconds; whether they did.
+
+    A gloo (or NCCL) work keeps its tensors until the thread that ran it drops the work,
+    a moment after ``wait()`` returned. A tensor the caller lets go first is then freed on
+    that thread, which must take the GIL to do it; if the interpreter is shutting down by
+    then (a process's last collective, just before it exits), the thread exits inside
+    torch's C++ instead and the process aborts (std::terminate, exit code -6). So the
+    tensors of a process's last collectives are held until the threads let go (torch's
+    ``Tensor._use_count``: the holders of the tensor's C++ object).
+    """
+    deadline = time.monotonic() + within
+    while any(t._use_count() > 1 for t in tensors):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def piece_elems(numel: int, parts: int, element_size: int) -> int:
     """Elements per piece when ``numel`` elements are pipelined in about ``parts`` pieces.
 
