@@ -149,6 +149,9 @@ def test_a_balanced_batch_larger_than_its_workers_share_names_the_largest_that_f
         cfg.validate_data(split)
     assert [len(s) for s in dataclasses.replace(cfg, batch_size=30).validate_data(split)] == \
         [30, 30]
+    # shards sized by the batches: the fast worker's batch of 40 fits its share of 40
+    by_batch = dataclasses.replace(cfg, partition="by-batch")
+    assert [len(s) for s in by_batch.validate_data(split)] == [40, 20]
 
 
 def test_sequential_sgd_on_the_demo_cluster_runs_on_its_fastest_device():

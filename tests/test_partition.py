@@ -59,6 +59,26 @@ def test_iid_shards_see_all_classes():
         assert counts.min() > 60  # ~100 each
 
 
+def test_by_batch_shards_are_disjoint_random_and_sized_by_each_workers_batch():
+    """Balanced batches of devices 1, 2, 4, 8 times slower: every worker ends its epoch after
+    as many steps as the others (each shard's samples over its batch are the same)."""
+    batches = [64, 32, 16, 8]
+    shards = partition("by-batch", balanced_labels(60000), 4, seed=3, batches=batches)
+    assert_disjoint_sorted_int64(shards)
+    assert [len(s) for s in shards] == [32000, 16000, 8000, 4000]
+    assert len({len(s) // b for s, b in zip(shards, batches)}) == 1
+    assert not np.array_equal(shards[0], iid_partition(60000, 4, seed=4, batches=batches)[0])
+    # equal batches: the iid shards themselves
+    assert all(np.array_equal(a, b) for a, b in zip(
+        iid_partition(1003, 4, seed=1, batches=[5] * 4), iid_partition(1003, 4, seed=1)))
+    for bad in ([64, 32, 16], [64, 0, 16, 8]):
+        with pytest.raises(ValueError, match=r"batches must be 4 positive integers, one per "
+                           r"worker, got \[64, "):
+            iid_partition(60000, 4, seed=0, batches=bad)
+    with pytest.raises(ValueError, match="'by-batch' needs each of the 4 workers' batch"):
+        partition("by-batch", balanced_labels(100), 4, seed=0)
+
+
 def test_shared_gives_every_worker_the_whole_set():
     shards = partition("shared", balanced_labels(100), 4, seed=0)
     assert len(shards) == 4
@@ -159,7 +179,7 @@ def test_dirichlet_seeded():
 
 def test_partition_dispatch():
     y = balanced_labels(600)
-    assert PARTITIONS == ("iid", "shared", "class", "group", "dirichlet")
+    assert PARTITIONS == ("iid", "by-batch", "shared", "class", "group", "dirichlet")
     for got, want in [
         (partition("iid", y, 3, seed=1), iid_partition(600, 3, seed=1)),
         (partition("class", y, 3, seed=1), class_partition(y, 3)),
@@ -176,9 +196,9 @@ def test_partition_dispatch():
 def test_bad_worker_counts(kind):
     y = balanced_labels(10)
     with pytest.raises(ValueError, match="num_workers must be at least 1, got 0"):
-        partition(kind, y, 0, seed=0)
+        partition(kind, y, 0, seed=0, batches=[1])
     with pytest.raises(ValueError, match="num_workers=11.*10 samples"):
-        partition(kind, y, 11, seed=0)
+        partition(kind, y, 11, seed=0, batches=[1] * 11)
 
 
 @pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])

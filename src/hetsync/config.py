@@ -816,10 +816,10 @@ class Config:
         if not self.slowdowns and self.clock == "virtual":
             raise bad("balanced_batches", "0 without --slowdowns or --profile on the virtual "
                       "clock: its devices are then all alike")
-        if self.effective_partition not in ("iid", "shared"):
+        if self.effective_partition not in ("iid", "by-batch", "shared"):
             raise bad("balanced_batches", f"0 on --partition {self.effective_partition}: "
                       f"weighted by samples, the fastest devices' own data would count most "
-                      f"(iid or shared only)")
+                      f"(iid, by-batch or shared only)")
         if self.batch_size < self._least_balanced_batch():
             raise bad("batch_size", f"at least {self._least_balanced_batch()} "
                       f"with --balanced-batches 1 (the slowest device's batch is -b x its "
@@ -861,7 +861,8 @@ class Config:
                                  f"{n} sample{'s' * (n != 1)} and every worker needs a batch "
                                  f"of its own")
         shards = partition(self.effective_partition, labels, self.workers, self.seed,
-                           alpha=self.dirichlet_alpha)
+                           alpha=self.dirichlet_alpha,
+                           batches=[self.batch_of(r) for r in range(self.workers)])
         if self.balanced_batches and self.workers > 1:
             self._check_balanced_shards(split.name, shards)
             return shards

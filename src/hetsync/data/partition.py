@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 #: the kinds partition() accepts
-PARTITIONS = ("iid", "shared", "class", "group", "dirichlet")
+PARTITIONS = ("iid", "by-batch", "shared", "class", "group", "dirichlet")
 
 __all__ = ["PARTITIONS", "iid_partition", "shared_partition", "class_partition",
            "group_partition", "dirichlet_partition", "partition"]
@@ -47,9 +47,15 @@ def _labels(labels: Labels) -> np.ndarray:
     return arr
 
 
-def iid_partition(num_samples: int, num_workers: int, seed: int) -> list[np.ndarray]:
-    """Random equal shards: shuffle ``range(num_samples)`` with ``seed`` and cut it into
-    ``num_workers`` shards of ⌊N/P⌋ samples; the N mod P left over are dropped.
+def iid_partition(num_samples: int, num_workers: int, seed: int,
+                  batches: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Random disjoint shards: shuffle ``range(num_samples)`` with ``seed`` and cut it into
+    ``num_workers`` shards of ⌊N/P⌋ samples; the N mod P left over are dropped. With
+    ``batches`` (``--partition by-batch``), worker r's shard has ⌊N·b_r/Σb⌋ samples instead,
+    so that every worker ends its epoch after as many steps as the others: under balanced
+    batches (64, 32, 16, 8 for devices 1, 2, 4, 8 times slower) every sample is drawn once an
+    epoch and as often as any other, where equal shards have the fastest device pass over its
+    quarter eight times as often as the slowest over its own.
 
     ESync gives rank r the contiguous block [r·⌊N/P⌋, (r+1)·⌊N/P⌋) of the file order and
     also drops the remainder; hetsync draws the shards at random instead, so the split does
@@ -60,8 +66,16 @@ def iid_partition(num_samples: int, num_workers: int, seed: int) -> list[np.ndar
         raise ValueError(f"num_samples must be non-negative, got {n}")
     p = _check_workers(num_workers, n)
     perm = np.random.default_rng(seed).permutation(n)
-    size = n // p
-    return [np.sort(perm[r * size : (r + 1) * size]).astype(np.int64) for r in range(p)]
+    if batches is None:
+        sizes = [n // p] * p
+    else:
+        b = [operator.index(x) for x in batches]
+        if len(b) != p or min(b) < 1:
+            raise ValueError(f"batches must be {p} positive integers, one per worker, got "
+                             f"{list(batches)}")
+        sizes = [n * x // sum(b) for x in b]
+    cuts = np.cumsum([0] + sizes)
+    return [np.sort(perm[cuts[r]:cuts[r + 1]]).astype(np.int64) for r in range(p)]
 
 
 def shared_partition(num_samples: int, num_workers: int) -> list[np.ndarray]:
@@ -166,12 +180,21 @@ def dirichlet_partition(labels: Labels, num_workers: int, alpha: float, seed: in
     return [np.sort(s) for s in out]
 
 
-def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5) -> list[np.ndarray]:
-    """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition` and ``"shared"`` →
-    :func:`shared_partition` over ``len(labels)`` samples, ``"class"`` →
-    :func:`class_partition`, ``"group"`` → :func:`group_partition`, ``"dirichlet"`` → :func:`dirichlet_partition` with ``alpha``."""
+def partition(kind: str, labels: Labels, num_workers: int, seed: int, alpha: float = 0.5,
+              batches: Sequence[int] | None = None) -> list[np.ndarray]:
+    """Dispatch on ``kind``: ``"iid"`` → :func:`iid_partition`, ``"by-batch"`` → the same
+    sized by ``batches`` (each worker's), and ``"shared"`` → :func:`shared_partition` over
+    ``len(labels)`` samples, ``"class"`` → :func:`class_partition`, ``"group"`` →
+    :func:`group_partition`, ``"dirichlet"`` → :func:`dirichlet_partition` with ``alpha``."""
     if kind == "iid":
         return iid_partition(len(_labels(labels)), num_workers, seed)
+    if kind == "by-batch":
+        n = len(_labels(labels))
+        p = _check_workers(num_workers, n)
+        if batches is None:
+            raise ValueError(f"partition 'by-batch' needs each of the {p} workers' batch "
+                             f"(batches=...)")
+        return iid_partition(n, p, seed, batches)
     if kind == "shared":
         return shared_partition(len(_labels(labels)), num_workers)
     if kind == "class":
