@@ -769,6 +769,29 @@ def test_hetsyncs_batch_sampler_gives_each_worker_its_own_shard_once_an_epoch(tm
         assert (led["epochs"], led["batches_left_in_last_epoch"]) == (2, 0), led
 
 
+def test_the_batch_sampler_by_batch_ends_every_workers_epoch_together():
+    """``partition="by-batch"`` (as `launch`'s): under batches of 64, 32 and 16, the shards of
+    700 samples are 400, 200 and 100, disjoint and whole, so each worker's epoch is 7 batches
+    — where equal shards give the fastest worker 4 batches and the slowest 15; an unknown
+    partition is refused, naming the valid ones."""
+    from hetsync.runtime.rounds import RoundAccount
+    from hetsync.runtime.shard_batches import ShardBatchSampler
+
+    def epoch_of(rank, partition):
+        sampler = ShardBatchSampler(rank, 3, 700, [64, 32, 16], RoundAccount, shuffle=True,
+                                    seed=3, partition=partition)
+        return [i for batch in sampler for i in batch], len(sampler)
+
+    by_batch = [epoch_of(rank, "by-batch") for rank in range(3)]
+    assert [len(drawn) for drawn, _ in by_batch] == [400, 200, 100]
+    assert [batches for _, batches in by_batch] == [7, 7, 7]
+    assert len(set().union(*(drawn for drawn, _ in by_batch))) == 700
+    assert [epoch_of(rank, "iid")[1] for rank in range(3)] == [4, 8, 15]
+    with pytest.raises(ValueError, match=r"partition='shared': expected one of 'iid', "
+                                         r"'by-batch'"):
+        epoch_of(0, "shared")
+
+
 def _passes(sampler, epochs: int) -> list[list[list[int]]]:
     out = []
     for epoch in epochs:

@@ -373,16 +373,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._recorder.evaluated()
 
     def batch_sampler(self, num_samples: int, batch_size: int | None = None, *,
-                      shuffle: bool = True, seed: int = 0):
+                      shuffle: bool = True, seed: int = 0, partition: str = "iid"):
         """hetsync's sampler of this worker's batches, for ``DataLoader(data,
         batch_sampler=...)`` in place of a `DistributedSampler`: the `num_samples` samples
         cut into one shard per worker, one pass one epoch; where the survivors of a lost
         worker go on, one of them draws the rest of its shard, so that no sample of the
         epoch is lost (`runtime/shard_batches.py`, which says where it departs from
         `launch`). `batch_size`: every worker's (default: this wrapper's `batch_size`,
-        balanced to a profile where one was given). Make one per wrapper, on every worker;
-        its `set_epoch(epoch)` is `DistributedSampler`'s, for a script resumed from its
-        checkpoint (docs/own-loop.md)."""
+        balanced to a profile where one was given). `partition`: ``"iid"`` (equal shards) or
+        ``"by-batch"`` (each shard sized by its worker's batch, as `launch`'s ``--partition
+        by-batch``: under balanced batches every sample is drawn as often as any other). Make
+        one per wrapper, on every worker; its `set_epoch(epoch)` is `DistributedSampler`'s,
+        for a script resumed from its checkpoint (docs/own-loop.md)."""
         from hetsync.runtime.shard_batches import ShardBatchSampler
 
         _check_batch_size(batch_size)
@@ -396,7 +398,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"batch_sampler({num_samples!r}): expected the number of samples, "
                              f"an int")
         self._batches = ShardBatchSampler(self.rank, self.workers, num_samples, sizes,
-                                          self._round_account, shuffle=shuffle, seed=seed)
+                                          self._round_account, shuffle=shuffle, seed=seed,
+                                          partition=partition)
         if self._takes_shards_on and self._membership is None:
             self._batches.claims(self._shard_store)
         if self._recorder is not None:

@@ -8,7 +8,9 @@ shard goes on being drawn by a survivor, as under `launch` (`runtime/shards.py`;
         for x, y in loader: ...
 
 1. The samples are cut into one shard per worker (`data.partition.iid_partition`, seeded:
-   ⌊N/P⌋ each, the remainder dropped, as ESync does), each drawn in batches by its own
+   ⌊N/P⌋ each, the remainder dropped, as ESync does; with ``partition="by-batch"``
+   ⌊N·b_r/Σb⌋, sized by each worker's batch, so that under batches balanced to the devices'
+   speeds every worker ends its epoch together), each drawn in batches by its own
    `ShardSampler` (seeded with the seed and its rank, reshuffled every epoch; the last batch
    of an epoch may be short, so that every sample is drawn).
 2. One pass over the sampler is one epoch: it yields this worker's batches, one of each shard
@@ -56,6 +58,10 @@ from hetsync.runtime import shards
 from hetsync.runtime.rounds import RoundAccount
 
 
+#: the cuts a wrapped run's sampler makes (`launch`'s `--partition` of the same names)
+SAMPLER_PARTITIONS = ("iid", "by-batch")
+
+
 def check_epoch(epoch) -> None:
     """`set_epoch`'s argument (the sampler's and the wrapped optimizer's): an int >= 0."""
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
@@ -68,12 +74,17 @@ class ShardBatchSampler(torch.utils.data.Sampler):
     every worker's; `account()`: the round under way's account, which each draw goes into."""
 
     def __init__(self, rank: int, workers: int, num_samples: int, batch_sizes: list[int],
-                 account: Callable[[], RoundAccount], *, shuffle: bool, seed: int):
+                 account: Callable[[], RoundAccount], *, shuffle: bool, seed: int,
+                 partition: str = "iid"):
         try:
             seed = operator.index(seed)
         except TypeError:
             raise ValueError(f"seed={seed!r}: expected an int >= 0") from None
-        parts = iid_partition(num_samples, workers, seed)  # (ValueError: names the value)
+        if partition not in SAMPLER_PARTITIONS:
+            raise ValueError(f"partition={partition!r}: expected one of "
+                             f"{', '.join(map(repr, SAMPLER_PARTITIONS))}")
+        parts = iid_partition(num_samples, workers, seed,  # (ValueError: names the value)
+                              batch_sizes if partition == "by-batch" else None)
 
         def sampler_of(rank: int) -> ShardSampler:
             return ShardSampler(parts[rank], batch_sizes[rank], seed=seed * 1000 + rank,
