@@ -1,4 +1,5 @@
-"""Find the processes of a launched run, for the tests that kill or count them."""
+"""Find the processes of a launched run, and read its records while it runs, for the tests
+that kill or count them."""
 
 from __future__ import annotations
 
@@ -45,3 +46,9 @@ def pid_of_rank(run_dir: Path, rank: int) -> int | None:
                 f"RANK={rank}".encode() in env and running(int(entry)):
             return int(entry)
     return None
+
+
+def live_records(path: Path) -> list[dict]:
+    """The complete records of a JSON-lines file that a running process may be writing: a
+    last line without its newline is a write in progress, not yet a record."""
+    return [json.loads(line) for line in Path(path).read_text().split("\n")[:-1] if line]

@@ -20,7 +20,7 @@ import torch
 from hetsync.runtime import checkpoint
 from hetsync.telemetry.rundir import RunDir
 
-from processes import pid_of_rank
+from processes import live_records, pid_of_rank
 
 
 def _state(value: float) -> dict:
@@ -273,8 +273,7 @@ def test_resuming_a_directory_without_checkpoints_is_one_line(tmp_path, capsys):
 LEARNED = 0.5
 
 def _records(run_dir: Path, rank: int, field: str) -> list:
-    lines = (run_dir / f"worker-{rank}.jsonl").read_text().splitlines()
-    return [json.loads(line)[field] for line in lines if line.endswith("}")]
+    return [record[field] for record in live_records(run_dir / f"worker-{rank}.jsonl")]
 
 
 def _rounds(run_dir: Path, rank: int) -> list[int]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from processes import pid_of_rank
+from processes import live_records, pid_of_rank
 from hetsync.comm.errors import CommTimeoutError
 from hetsync.data import ShardSampler
 from hetsync.runtime import shards
@@ -208,7 +208,7 @@ def _after(drawn, epoch_batches):
 
 
 def _records(run, rank):
-    return [json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text().splitlines()]
+    return live_records(run / f"worker-{rank}.jsonl")
 
 
 @pytest.mark.slow
