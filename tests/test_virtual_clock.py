@@ -295,6 +295,10 @@ def _twice_beside_a_busy_neighbour(tmp_path: Path, mode: str, **extra) -> Path:
         busy.wait()
     for name in ["eval.jsonl"] + [f"worker-{r}.jsonl" for r in range(4)]:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    # what the bits depend on besides the seed, for a reader comparing runs of two machines
+    run = json.loads((first / "run.json").read_text())
+    assert run["cpu_capability"] == torch.backends.cpu.get_cpu_capability(), run
+    assert run["torch_threads"] >= 1 and run["torch_version"] == torch.__version__
     return first
 
 

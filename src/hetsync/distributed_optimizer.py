@@ -41,7 +41,6 @@ import json
 import os
 import secrets
 import socket
-import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -50,12 +49,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetsync._version import __version__
 from hetsync.algorithms import registry
 from hetsync.algorithms.base import Action, ControlPath, Step, goes_on
 from hetsync.config import COLLECTIVES
 from hetsync.clock.profile import sample_weights
 from hetsync.runtime.assembly import Wiring, assemble
+from hetsync.runtime.devices import build_info
 from hetsync.runtime.heterogeneity import StepTimer
 from hetsync.runtime.membership import Membership, Roster
 from hetsync.comm.errors import CommError
@@ -624,8 +623,7 @@ class RunRecorder:
                                                                self.ranks],
                        "options": {} if options is None else vars(options),
                        "source": "hetsync.wrap"},
-            "hetsync_version": __version__, "torch_version": torch.__version__,
-            "python": sys.version.split()[0], "start_time": self.start_time,
+            **build_info(), "start_time": self.start_time,
             "world_size": dist.get_world_size() if dist.is_initialized() else 1,
             "workers": workers, "ranks": self.ranks}
         self.records = JsonlWriter(RunDir(self.dir).worker(rank))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
+from hetsync._version import __version__
 from hetsync.config import Config
 from hetsync.options import ConfigError
 
@@ -21,3 +23,14 @@ def pick_device(cfg: Config, local_rank: int = 0) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ConfigError(f"-g/--gpu {cfg.gpu}: only {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)
+
+
+def build_info() -> dict:
+    """What a run's numbers were computed with, for its `run.json`: the versions, and what
+    decides torch's CPU kernels (the CPU capability it dispatches on and its threads). A
+    virtual run's records are the same to the bit where these are; on another CPU torch's
+    kernels sum in another order, and the same seed trains another model."""
+    return {"hetsync_version": __version__, "torch_version": torch.__version__,
+            "python": sys.version.split()[0],
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads()}

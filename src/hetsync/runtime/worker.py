@@ -15,7 +15,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetsync._version import __version__
 from hetsync.config import Config
 from hetsync.options import ConfigError
 from hetsync.runtime import checkpoint, evaluation
 from hetsync.runtime.assembly import (Wiring, assemble, device_label, parameter_server,
                                       serve_and_record)
-from hetsync.runtime.devices import pick_device
+from hetsync.runtime.devices import build_info, pick_device
 from hetsync.runtime.handshake import broadcast_text, gather_texts
 from hetsync.runtime.membership import shared
 from hetsync.runtime.plan import RankPlan
@@ -666,6 +664,5 @@ def _run_info(cfg: Config, name: str, world: int, ranks: list[dict], start_time:
               mode_info: dict, **extra) -> dict:
     return {"run_name": name, "mode": cfg.effective_mode, "config": cfg.to_dict(),
             "mode_info": mode_info,
-            "hetsync_version": __version__, "torch_version": torch.__version__,
-            "python": sys.version.split()[0], "start_time": start_time, "world_size": world,
+            **build_info(), "start_time": start_time, "world_size": world,
             "workers": cfg.workers, "ranks": ranks, **extra}
