@@ -141,7 +141,7 @@ def test_a_balanced_batch_larger_than_its_workers_share_names_the_largest_that_f
     import torch
 
     cfg = _launch("--balanced-batches", "1", "--slowdowns", "1,2", "--workers", "2",
-                  "-b", "40").validate()
+                  "-b", "40", "--partition", "iid").validate()
     split = SimpleNamespace(name="tiny", train=SimpleNamespace(labels=torch.zeros(60).long()))
     with pytest.raises(ConfigError, match=r"-b/--batch-size: invalid value 40; expected at "
                        r"most 30 with --balanced-batches 1: worker 0's batch of 40 is more "
@@ -260,14 +260,16 @@ def test_a_time_budget_given_alone_is_the_stopping_rule():
 
 
 def test_launch_without_a_mode_runs_its_recipe_and_a_flag_given_wins(capsys, monkeypatch):
-    """Bare `launch`: DiLoCo with 2 inner steps on balanced batches (the benches' best on its
-    cluster); -m given: that mode with its own defaults, none of the recipe's; each flag given
+    """Bare `launch`: DiLoCo with 2 inner steps on balanced batches and shards sized by them
+    (the benches' best on its cluster); -m given: that mode with its own defaults, none of the recipe's; each flag given
     wins over its part of the recipe."""
     cfg = _launch().validate()
     assert (cfg.mode, cfg.balanced_batches, cfg.mode_options().inner_steps) == ("diloco", True, 2)
     assert [cfg.batch_of(r) for r in range(cfg.workers)] == [64, 32, 16, 8]
+    assert cfg.partition == "by-batch" and _launch("--partition", "iid").partition == "iid"
     cfg = _launch("-m", "diloco").validate()
-    assert (cfg.balanced_batches, cfg.mode_options().inner_steps) == (False, 8)
+    assert (cfg.balanced_batches, cfg.mode_options().inner_steps, cfg.partition) == \
+        (False, 8, "iid")
     cfg = _launch("-m", "sync").validate()
     assert (cfg.mode, cfg.balanced_batches, cfg.options) == ("sync", False, {})
     cfg = _launch("--inner-steps", "4", "--balanced-batches", "0").validate()
@@ -276,8 +278,8 @@ def test_launch_without_a_mode_runs_its_recipe_and_a_flag_given_wins(capsys, mon
     with pytest.raises(SystemExit):
         build_parser().parse_args(["launch", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "(default: diloco --inner-steps 2 --balanced-batches 1; for a text data set sync " \
-           "--balanced-batches 1)" in shown
+    assert "(default: diloco --inner-steps 2 --balanced-batches 1 --partition by-batch; for a " \
+           "text data set sync --balanced-batches 1)" in shown
 
 
 @pytest.mark.parametrize("command", ["launch", "worker"])
