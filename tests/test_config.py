@@ -261,8 +261,8 @@ def test_a_time_budget_given_alone_is_the_stopping_rule():
 
 def test_launch_without_a_mode_runs_its_recipe_and_a_flag_given_wins(capsys, monkeypatch):
     """Bare `launch`: DiLoCo with 2 inner steps on balanced batches and shards sized by them
-    (the benches' best on its cluster); -m given: that mode with its own defaults, none of the recipe's; each flag given
-    wins over its part of the recipe."""
+    (the benches' best on its cluster); -m given: that mode with its own defaults, none of
+    the recipe's; each flag given wins over its part of the recipe."""
     cfg = _launch().validate()
     assert (cfg.mode, cfg.balanced_batches, cfg.mode_options().inner_steps) == ("diloco", True, 2)
     assert [cfg.batch_of(r) for r in range(cfg.workers)] == [64, 32, 16, 8]
