@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import re
 import sys
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from hetsync.bench import results as res
+from hetsync.telemetry.rundir import RunDir
+from hetsync.telemetry.runlog import EVAL_FIELDS, read_jsonl
 from hetsync.telemetry.summarize import summarize
 
 
@@ -60,8 +61,7 @@ def _group(pattern: str, kind: str, targets: list[float]) -> res.RunResult:
 
 def _curve(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """A run's evaluations: their times and accuracies."""
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()
-             if line.strip()]
+    evals = read_jsonl(RunDir(run_dir).eval, EVAL_FIELDS)
     return (np.array([e["train_time"] for e in evals]),
             np.array([e["test_acc"] for e in evals]))
 
@@ -91,13 +91,13 @@ def draw(groups: list[tuple[str, list[Path]]], target: float, path: Path,
         runs = [_curve(d) for d in dirs]
         times = np.linspace(0.0, max(t[-1] for t, _ in runs), 400)
         curves = np.array([_at(times, c) for c in runs])
-        colour = f"C{i}"
-        ax.plot(times, np.median(curves, axis=0), color=colour, lw=1.8,
+        median = np.median(curves, axis=0)
+        ax.plot(times, median, color=f"C{i}", lw=1.8,
                 label=f"{label} (median of {len(dirs)} seeds)")
-        ax.fill_between(times, curves.min(axis=0), curves.max(axis=0), color=colour,
+        ax.fill_between(times, curves.min(axis=0), curves.max(axis=0), color=f"C{i}",
                         alpha=0.15, lw=0)
-    if capacity:
-        ax.plot(times / capacity, np.median(curves, axis=0), ":", color="black", lw=1.4,
+    if capacity:  # (the last group is the device's: `main` passes the references last)
+        ax.plot(times / capacity, median, ":", color="black", lw=1.4,
                 label=f"ideal cluster: the device's median at {capacity:.4g}x its speed")
     ax.axhline(target, color="0.5", lw=1, ls=":", label=f"target {target:g}")
     ax.set(title="Test accuracy vs training time: median and range over the seeds",
